@@ -1,0 +1,1 @@
+"""The Fish Speech DualAR engine: model, codec, tokenizer, prompts and generation."""

@@ -1,0 +1,99 @@
+"""Attention over the KV state, in three modes, with the metadata each needs.
+
+KV layout, per layer: [rows, L, K, Dh] (position-major, like flash-attn's KV cache), so
+that one (row, position) pair is one contiguous [K, Dh] slab.
+
+- prefill: one stream (KV row `slot`) appends S positions starting at `start`.
+- decode: B streams append one position each, stream b at (slots[b], positions[b]).
+- fast: the fast transformer's per-frame scratch; row b of the batch, step `step` of
+  the frame (the fast KV restarts every frame).
+
+This module is the plain-PyTorch reference path (CPU and eager GPU); a fused kernel
+can take over decode without changing callers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillMeta:
+    slot: int  # KV row of the stream
+    start: int  # position of the first new token
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeMeta:
+    slots: Tensor  # [B] int64, KV row of each stream
+    positions: Tensor  # [B] int64, position of each stream's new token
+    kv_len: int  # attend over positions [0, kv_len); must exceed every positions[b]
+
+
+@dataclass(frozen=True, slots=True)
+class FastMeta:
+    step: int  # 0 = slow hidden state, i = code i-1 (i < num_codebooks)
+
+
+AttentionMeta = PrefillMeta | DecodeMeta | FastMeta
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
+) -> Tensor:
+    """q: [B, S, H, Dh]; k, v: [B, S, K, Dh] for the new positions. Writes k, v into the
+    cache and returns the attention output [B, S, H, Dh]."""
+    if isinstance(meta, DecodeMeta):
+        return _decode(q, k, v, k_cache, v_cache, meta)
+    if isinstance(meta, PrefillMeta):
+        return _prefill(q, k, v, k_cache, v_cache, meta)
+    return _fast(q, k, v, k_cache, v_cache, meta)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+    # q: [B, S, H, Dh], k/v: [B, L, K, Dh] -> [B, S, H, Dh]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask, is_causal=causal, enable_gqa=True,
+    )
+    return out.transpose(1, 2)
+
+
+def _prefill(q, k, v, k_cache, v_cache, meta: PrefillMeta) -> Tensor:
+    s, start = q.shape[1], meta.start
+    end = start + s
+    if end > k_cache.shape[1]:
+        raise ValueError(f"prefill to position {end} exceeds the KV length {k_cache.shape[1]}")
+    k_cache[meta.slot, start:end] = k[0]
+    v_cache[meta.slot, start:end] = v[0]
+    keys = k_cache[meta.slot : meta.slot + 1, :end]
+    values = v_cache[meta.slot : meta.slot + 1, :end]
+    if start == 0:
+        return _sdpa(q, keys, values, None, causal=True)
+    # query i sits at position start + i and sees keys 0..start + i
+    q_pos = torch.arange(start, end, device=q.device)[:, None]
+    mask = torch.arange(end, device=q.device)[None, :] <= q_pos
+    return _sdpa(q, keys, values, mask)
+
+
+def _decode(q, k, v, k_cache, v_cache, meta: DecodeMeta) -> Tensor:
+    rows, length = k_cache.shape[0], k_cache.shape[1]
+    flat = meta.slots * length + meta.positions  # [B] index into [rows * L]
+    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, k[:, 0])
+    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, v[:, 0])
+    keys = k_cache[meta.slots, : meta.kv_len]  # gather: [B, kv_len, K, Dh]
+    values = v_cache[meta.slots, : meta.kv_len]
+    key_pos = torch.arange(meta.kv_len, device=q.device)
+    mask = (key_pos[None, :] <= meta.positions[:, None])[:, None, None, :]  # [B, 1, 1, kv_len]
+    return _sdpa(q, keys, values, mask)
+
+
+def _fast(q, k, v, k_cache, v_cache, meta: FastMeta) -> Tensor:
+    b, step = q.shape[0], meta.step
+    k_cache[:b, step] = k[:, 0]
+    v_cache[:b, step] = v[:, 0]
+    return _sdpa(q, k_cache[:b, : step + 1], v_cache[:b, : step + 1], None)

@@ -1,0 +1,1 @@
+"""The modded-DAC codec family: causal convolutions, residual VQ, streaming decode."""

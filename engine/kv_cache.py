@@ -1,0 +1,63 @@
+"""KV state for a fixed number of streams, allocated once.
+
+Slow KV: [n_layer, rows, max_len, K, Dh] with rows = max_running + 1. The last row is a
+scratch row: padded entries of a decode batch (bucket larger than the live batch) point
+at it, so they never write into a live stream's row, even one being prefilled on
+another thread at that moment.
+
+Fast KV: [n_fast_layer, max_batch, num_codebooks, Kf, Dhf]: per-frame scratch indexed by
+batch row, restarted every frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engine.config import ModelConfig
+
+
+@dataclass(slots=True)
+class KVCache:
+    k: Tensor
+    v: Tensor
+    fast_k: Tensor
+    fast_v: Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        config: ModelConfig,
+        max_running: int,
+        max_len: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> "KVCache":
+        if max_running < 1 or max_len < 1:
+            raise ValueError("max_running and max_len must be positive")
+        if max_len > config.max_seq_len:
+            raise ValueError(f"max_len {max_len} exceeds the model's max_seq_len {config.max_seq_len}")
+        c = config
+        slow = (c.n_layer, max_running + 1, max_len, c.n_local_heads, c.head_dim)
+        fast = (c.n_fast_layer, max_running + 1, c.num_codebooks, c.fast_n_local_heads, c.fast_head_dim)
+        return cls(
+            k=torch.zeros(slow, device=device, dtype=dtype),
+            v=torch.zeros(slow, device=device, dtype=dtype),
+            fast_k=torch.zeros(fast, device=device, dtype=dtype),
+            fast_v=torch.zeros(fast, device=device, dtype=dtype),
+        )
+
+    @property
+    def scratch_row(self) -> int:
+        return self.k.shape[1] - 1
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @staticmethod
+    def bytes_per_stream(config: ModelConfig, max_len: int, dtype: torch.dtype) -> int:
+        per_pos = 2 * config.n_layer * config.n_local_heads * config.head_dim
+        return per_pos * max_len * torch.empty((), dtype=dtype).element_size()

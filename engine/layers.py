@@ -1,0 +1,130 @@
+"""Transformer building blocks shared by the slow and fast transformers.
+
+Shapes: B streams, S new positions, H query heads, K key/value heads, Dh head dim.
+Per-step metadata (slots, positions) is passed in explicitly: prefill and decode run on
+different threads, so nothing here keeps per-step state on the module.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.attention import AttentionMeta, attend
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32, cast back, then scaled (the upstream order)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_table(max_len: int, head_dim: int, base: float) -> Tensor:
+    """[max_len, Dh/2, 2] cos/sin table, kept in bf16: the released models were trained
+    with a bf16 table and an fp32 one was reported to garble their audio."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
+
+
+def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]).
+
+    x: [B, S, H, Dh]; cos_sin: [B, S, Dh/2, 2] (rows of rope_table at each position).
+    """
+    xp = x.float().reshape(*x.shape[:-1], -1, 2)
+    cs = cos_sin.unsqueeze(2)  # [B, S, 1, Dh/2, 2]
+    cos, sin = cs[..., 0], cs[..., 1]
+    out = torch.stack(
+        [xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1
+    )
+    return out.flatten(-2).type_as(x)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with a fused qkv projection and optional QK-norm
+    (RMSNorm over the head dim, applied before RoPE)."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_head: int,
+        n_kv_head: int,
+        head_dim: int,
+        eps: float,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(n_head * head_dim, dim, bias=o_bias)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(
+        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
+    ) -> Tensor:
+        # x: [B, S, D] -> [B, S, D]
+        b, s, _ = x.shape
+        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(b, s, self.n_head, self.head_dim)
+        k = k.view(b, s, self.n_kv_head, self.head_dim)
+        v = v.view(b, s, self.n_kv_head, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
+        return self.wo(y.reshape(b, s, q_size))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        n_head: int,
+        n_kv_head: int,
+        head_dim: int,
+        hidden: int,
+        eps: float,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.attention = Attention(dim, n_head, n_kv_head, head_dim, eps, qkv_bias, o_bias, qk_norm)
+        self.feed_forward = FeedForward(dim, hidden)
+        self.attention_norm = RMSNorm(dim, eps)
+        self.ffn_norm = RMSNorm(dim, eps)
+
+    def forward(
+        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
+    ) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), cos_sin, k_cache, v_cache, meta)
+        return h + self.feed_forward(self.ffn_norm(h))

@@ -1,0 +1,26 @@
+"""Shared fixtures. Tests run on the CPU; GPU tests are marked `gpu` and skip without CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+UPSTREAM = FIXTURES / "upstream"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
