@@ -1,0 +1,141 @@
+"""Reference-audio I/O: decode any common container/codec with PyAV (FFmpeg), downmix to
+mono, resample; and the 16-bit PCM / WAV writers.
+
+Everything here is float32 mono in [-1, 1] as numpy arrays. Errors a caller can cause
+(bad bytes, no audio, too long, odd rates) raise `AudioError`, a ValueError whose message
+can be shown to the user as is.
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+from pathlib import Path
+
+import av
+import numpy as np
+
+MIN_RATE = 8_000
+MAX_RATE = 192_000
+
+AudioSource = bytes | bytearray | memoryview | str | Path
+
+
+class AudioError(ValueError):
+    pass
+
+
+def load_audio(source: AudioSource, target_rate: int, max_seconds: float = 60.0) -> np.ndarray:
+    """Decode `source` (encoded bytes or a file path) to float32 mono at `target_rate`.
+
+    Multi-channel audio is averaged. Decoding stops, with an error, as soon as more than
+    `max_seconds` have been read, so a huge upload costs little.
+    """
+    _check_rate(target_rate, "target rate")
+    x, rate = _decode_mono(source, max_seconds)
+    return resample(x, rate, target_rate)
+
+
+def resample(x: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
+    """Band-limited resampling of mono float audio with FFmpeg's swresample (delay
+    compensated: the output is aligned with the input and has round(len * to / from)
+    samples)."""
+    _check_rate(from_rate, "source rate")
+    _check_rate(to_rate, "target rate")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 1:
+        raise AudioError(f"expected mono audio [T], got shape {x.shape}")
+    if from_rate == to_rate or x.size == 0:
+        return x.copy()
+    frame = av.AudioFrame.from_ndarray(x[None], format="flt", layout="mono")
+    frame.sample_rate = from_rate
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=to_rate)
+    out = resampler.resample(frame) + resampler.resample(None)  # None flushes the tail
+    return np.concatenate([f.to_ndarray()[0] for f in out]) if out else np.zeros(0, np.float32)
+
+
+def to_pcm16(x: np.ndarray) -> bytes:
+    """float [-1, 1] -> little-endian signed 16-bit bytes (clipped; NaN becomes 0)."""
+    x = np.clip(np.nan_to_num(np.asarray(x, dtype=np.float32)), -1.0, 1.0)
+    return np.rint(x * 32767.0).astype("<i2").tobytes()
+
+
+def wav_bytes(x: np.ndarray, rate: int) -> bytes:
+    """A complete 16-bit mono WAV file."""
+    _check_rate(rate, "WAV rate")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(int(rate))
+        w.writeframes(to_pcm16(x))
+    return buf.getvalue()
+
+
+def write_wav(path: str | Path, x: np.ndarray, rate: int) -> None:
+    Path(path).write_bytes(wav_bytes(x, rate))
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _check_rate(rate: int, what: str) -> None:
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioError(f"unsupported {what} {rate} Hz (supported: {MIN_RATE}..{MAX_RATE} Hz)")
+
+
+def _open(source: AudioSource) -> tuple[av.container.InputContainer, str]:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        name, data = "audio data", bytes(source)
+        if not data:
+            raise AudioError("audio data is empty (0 bytes)")
+        file: io.BytesIO | str = io.BytesIO(data)
+    else:
+        path = Path(source)
+        name = str(path)
+        if not path.is_file():
+            raise AudioError(f"{name}: no such audio file")
+        if path.stat().st_size == 0:
+            raise AudioError(f"{name}: audio file is empty (0 bytes)")
+        file = name
+    try:
+        return av.open(file, mode="r"), name
+    except av.FFmpegError as e:
+        raise AudioError(f"{name}: not a readable audio file ({e.strerror or e})") from e
+
+
+def _decode_mono(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, int]:
+    container, name = _open(source)
+    with container:
+        if not container.streams.audio:
+            raise AudioError(f"{name}: no audio stream")
+        stream = container.streams.audio[0]
+        to_float = av.AudioResampler(format="fltp")  # same layout and rate, planar float
+        chunks: list[np.ndarray] = []
+        rate, total = 0, 0
+        try:
+            for frame in container.decode(stream):
+                if not rate:
+                    rate = frame.sample_rate
+                    if not MIN_RATE <= rate <= MAX_RATE:
+                        raise AudioError(f"{name}: unsupported sample rate {rate} Hz "
+                                         f"(supported: {MIN_RATE}..{MAX_RATE} Hz)")
+                total += _append_mono(chunks, to_float.resample(frame))
+                if total > max_seconds * rate:
+                    raise AudioError(f"{name}: audio is longer than the {max_seconds:g} s limit")
+            total += _append_mono(chunks, to_float.resample(None))
+        except av.FFmpegError as e:
+            raise AudioError(f"{name}: audio could not be decoded ({e.strerror or e})") from e
+    if total == 0:
+        raise AudioError(f"{name}: contains no audio samples")
+    return np.concatenate(chunks).astype(np.float32, copy=False), rate
+
+
+def _append_mono(chunks: list[np.ndarray], frames: list[av.AudioFrame]) -> int:
+    """Average the channels of planar float frames into `chunks`; returns samples added."""
+    added = 0
+    for f in frames:
+        planes = f.to_ndarray()  # [channels, n]
+        chunks.append(planes.mean(axis=0) if planes.shape[0] > 1 else planes[0])
+        added += planes.shape[1]
+    return added

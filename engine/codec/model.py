@@ -1,0 +1,143 @@
+"""The modded-DAC codec: audio [B, T] at 44.1 kHz <-> codes [B, 1 + N, T / 2048].
+
+encode: causal conv encoder (strides 2*4*8*8, a window-limited transformer in its last
+block) -> DownsampleQuantizer.encode (x4 more). decode: DownsampleQuantizer.decode ->
+causal conv decoder (transposed convs 8*8*4*2) -> tanh. All convolutions are causal, so
+decode is streamable (streaming.py). Module names follow upstream's state dict.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.codec.config import ENCODER_HEAD_DIVISOR, CodecConfig
+from engine.codec.layers import (
+    CausalConv1d,
+    CausalConvTranspose1d,
+    ResidualUnit,
+    Snake1d,
+    WindowLimitedTransformer,
+)
+from engine.codec.quantizer import DownsampleQuantizer
+
+
+def _residual_units(dim: int) -> list[nn.Module]:
+    return [ResidualUnit(dim, dilation) for dilation in (1, 3, 9)]
+
+
+class EncoderBlock(nn.Module):
+    """3 residual units at dim/2 -> Snake -> strided causal conv to dim -> transformer."""
+
+    def __init__(self, dim: int, stride: int, n_layers: int, config: CodecConfig) -> None:
+        super().__init__()
+        transformer: nn.Module = nn.Identity()
+        if n_layers:
+            transformer = WindowLimitedTransformer(
+                dim, dim, n_layers, dim // ENCODER_HEAD_DIVISOR, config.encoder_transformer_head_dim,
+                3 * dim, config.encoder_transformer_window, config.rope_base, config.norm_eps)
+        self.block = nn.Sequential(
+            *_residual_units(dim // 2),
+            Snake1d(dim // 2),
+            CausalConv1d(dim // 2, dim, kernel_size=2 * stride, stride=stride),
+            transformer,
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.block(x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: CodecConfig) -> None:
+        super().__init__()
+        dim = config.encoder_dim
+        layers: list[nn.Module] = [CausalConv1d(1, dim, kernel_size=7)]
+        for stride, n_layers in zip(config.encoder_rates, config.encoder_transformer_layers):
+            dim *= 2
+            layers.append(EncoderBlock(dim, stride, n_layers, config))
+        layers += [Snake1d(dim), CausalConv1d(dim, config.latent_dim, kernel_size=3)]
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [B, 1, T] -> [B, latent, T / prod(encoder_rates)]
+        return self.block(x)
+
+
+class DecoderBlock(nn.Module):
+    """Snake -> causal transposed conv (k = 2 * stride) -> 3 residual units.
+    (Upstream also builds a transformer here but never calls it; it has no weights.)"""
+
+    def __init__(self, in_dim: int, out_dim: int, stride: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(
+            Snake1d(in_dim),
+            CausalConvTranspose1d(in_dim, out_dim, kernel_size=2 * stride, stride=stride),
+            *_residual_units(out_dim),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.block(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: CodecConfig) -> None:
+        super().__init__()
+        channels = config.decoder_dim
+        layers: list[nn.Module] = [CausalConv1d(config.latent_dim, channels, kernel_size=7)]
+        for i, stride in enumerate(config.decoder_rates):
+            layers.append(DecoderBlock(channels // 2**i, channels // 2 ** (i + 1), stride))
+        out_dim = channels // 2 ** len(config.decoder_rates)
+        layers += [Snake1d(out_dim), CausalConv1d(out_dim, 1, kernel_size=7), nn.Tanh()]
+        self.model = nn.Sequential(*layers)
+
+    def forward(self, z: Tensor) -> Tensor:
+        # z: [B, latent, T] -> [B, 1, T * prod(decoder_rates)]
+        return self.model(z)
+
+
+class Codec(nn.Module):
+    """`decoder_only=True` leaves out everything only encode reads (encoder, downsample,
+    pre_module, VQ input projections): about half of the release's 391M parameters."""
+
+    def __init__(self, config: CodecConfig, decoder_only: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.decoder_only = decoder_only
+        self.encoder = None if decoder_only else Encoder(config)
+        self.quantizer = DownsampleQuantizer(config, encoder=not decoder_only)
+        self.decoder = Decoder(config)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def hop_length(self) -> int:
+        return self.config.hop_length
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.config.num_codebooks
+
+    @torch.no_grad()
+    def encode(self, audio: Tensor) -> Tensor:
+        """audio: float [B, T] in [-1, 1] at sample_rate -> codes long [B, num_codebooks,
+        ceil(T / hop_length)]; the tail is zero-padded to a whole frame (as upstream)."""
+        if self.encoder is None:
+            raise RuntimeError("this codec was loaded decoder_only; it cannot encode")
+        if audio.dim() != 2:
+            raise ValueError(f"audio must be [B, T], got {tuple(audio.shape)}")
+        if audio.shape[-1] == 0:
+            raise ValueError("audio is empty")
+        x = audio.to(self.decoder.model[0].conv.weight.dtype)[:, None]  # [B, 1, T]
+        x = F.pad(x, (0, -x.shape[-1] % self.hop_length))
+        return self.quantizer.encode(self.encoder(x))
+
+    @torch.no_grad()
+    def decode(self, codes: Tensor) -> Tensor:
+        """codes: [B, num_codebooks, frames] -> audio [B, frames * hop_length] in [-1, 1]."""
+        if codes.dim() != 3 or codes.shape[1] != self.num_codebooks:
+            raise ValueError(
+                f"codes must be [B, {self.num_codebooks}, frames], got {tuple(codes.shape)}")
+        return self.decoder(self.quantizer.decode(codes.long()))[:, 0]

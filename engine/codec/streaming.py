@@ -1,0 +1,201 @@
+"""Stateful, causal, batched streaming decode: code frames in, audio samples out, for many
+streams at once, each new frame costing one frame of work.
+
+Every layer on the decode path is causal, so decoding frames [t, t + n) only needs a
+bounded summary of frames < t. That summary is kept per stream, in tensors whose first
+dim is the slot (0 <= slot < max_streams), so one call decodes a batch of streams at
+different points: rows are gathered with `buf[slots]` and written back with
+`buf[slots] = ...` (slots in one call must be distinct).
+
+State layout (S = max_streams, W = post_module window, in frames of the tensor's layer):
+  pos                      long [S]         frames decoded so far (the RoPE position and
+                                            the window mask of the next frame)
+  post_module KV, per layer  k, v [S, W, H, Dh]  ring buffer: frame p lives at row p % W,
+                                            keys stored after RoPE; rows with p < 0 are
+                                            masked, so a fresh slot needs no history
+  causal conv (stride 1)   [S, C_in, receptive - 1]   the last inputs it saw; zeros are
+                                            exactly the zero padding of a whole decode
+  causal transposed conv   [S, C_out, kernel - stride]  the overlap of the last frame's
+                                            output with the next frame's, bias NOT yet
+                                            added (the bias is added once, on emission)
+
+The whole-sequence `Codec.decode` is the reference: feeding the same frames in chunks of
+any sizes gives the same samples up to float rounding. Nothing is re-decoded: a call with
+n frames runs every layer on n frames plus its fixed context, whatever the history.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.codec.layers import (
+    Attend,
+    CausalConv1d,
+    CausalConvTranspose1d,
+    ConvNeXtBlock,
+    ResidualUnit,
+    Snake1d,
+    WindowLimitedTransformer,
+    window_mask,
+)
+from engine.codec.model import Codec, DecoderBlock
+
+# (x: [B, C, n], slots: [B]) -> [B, C', n * upsampling]
+Step = Callable[[Tensor, Tensor], Tensor]
+
+
+class StreamingDecoder:
+    """Decodes up to `max_streams` streams, each in its own slot. Build it after the codec
+    is on its final device and dtype: the state is allocated to match, once."""
+
+    def __init__(self, codec: Codec, max_streams: int) -> None:
+        if max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        weight = codec.decoder.model[0].conv.weight
+        self.codec = codec
+        self.max_streams = max_streams
+        self.device, self.dtype = weight.device, weight.dtype
+        self._state: list[Tensor] = []  # every per-slot tensor, for reset and accounting
+        self.pos = self._new(dtype=torch.long)
+        self._post = codec.quantizer.post_module
+        self._kv = [
+            (self._new(self._post.window, layer.attention.n_heads, layer.attention.head_dim),
+             self._new(self._post.window, layer.attention.n_heads, layer.attention.head_dim))
+            for layer in self._post.layers
+        ]
+        self._upsample = self._compile(codec.quantizer.upsample)
+        self._decoder = self._compile(codec.decoder.model)
+
+    @property
+    def hop_length(self) -> int:
+        return self.codec.hop_length
+
+    def state_bytes(self) -> int:
+        """Memory held for all slots; fixed at construction, whatever the streams' lengths."""
+        return sum(t.numel() * t.element_size() for t in self._state)
+
+    def reset(self, slot: int) -> None:
+        """Start a fresh stream in `slot`."""
+        if not 0 <= slot < self.max_streams:
+            raise IndexError(f"slot {slot} outside 0..{self.max_streams - 1}")
+        for t in self._state:
+            t[slot].zero_()
+
+    @torch.no_grad()
+    def decode(self, slots: Tensor, codes: Tensor) -> Tensor:
+        """slots: long [B] (distinct); codes: [B, num_codebooks, n] the next n frames of each
+        stream -> audio [B, n * hop_length]."""
+        B, K, n = codes.shape
+        if K != self.codec.num_codebooks or n < 1 or slots.shape != (B,):
+            raise ValueError(f"codes must be [B, {self.codec.num_codebooks}, n >= 1] and slots "
+                             f"[B]; got codes {tuple(codes.shape)}, slots {tuple(slots.shape)}")
+        slots = slots.to(self.device, torch.long)
+        z = self.codec.quantizer.embed(codes.to(self.device, torch.long))  # [B, D, n]
+        z = self._transformer(z, slots)
+        audio = self._decoder(self._upsample(z, slots), slots)  # [B, 1, n * hop]
+        self.pos[slots] += n
+        return audio[:, 0]
+
+    # -- state ------------------------------------------------------------------------
+
+    def _new(self, *shape: int, dtype: torch.dtype | None = None) -> Tensor:
+        t = torch.zeros(self.max_streams, *shape, device=self.device, dtype=dtype or self.dtype)
+        self._state.append(t)
+        return t
+
+    # -- the window-limited transformer ------------------------------------------------
+
+    def _transformer(self, x: Tensor, slots: Tensor) -> Tensor:
+        # x: [B, C, n] -> [B, C, n]
+        n, W = x.shape[-1], self._post.window
+        start = self.pos[slots][:, None]  # [B, 1]
+        positions = start + torch.arange(n, device=self.device)  # [B, n]
+        # ring row r holds frame start - W + ((r - start) mod W); < 0 means "none yet"
+        ring_pos = start - W + (torch.arange(W, device=self.device) - start) % W  # [B, W]
+        key_pos = torch.cat([ring_pos, positions], dim=1)  # [B, W + n]
+        mask = window_mask(positions[:, :, None], key_pos[:, None, :], W) & (key_pos >= 0)[:, None]
+        mask = mask[:, None]  # [B, 1, n, W + n], shared by all heads and layers
+        kept = positions[:, -min(n, W):]  # the frames the ring keeps after this call
+        rows = (slots[:, None], kept % W)
+
+        def attend_for_layer(i: int) -> Attend:
+            k_cache, v_cache = self._kv[i]
+
+            def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                # q, k, v: [B, n, H, Dh] -> [B, n, H, Dh]
+                keys = torch.cat([k_cache[slots], k], dim=1).transpose(1, 2)
+                values = torch.cat([v_cache[slots], v], dim=1).transpose(1, 2)
+                y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
+                k_cache[rows] = k[:, -kept.shape[1]:]
+                v_cache[rows] = v[:, -kept.shape[1]:]
+                return y.transpose(1, 2)
+
+            return attend
+
+        return self._post.run(x.mT, positions, attend_for_layer).mT
+
+    # -- convolutions: one step function per module, built once ---------------------------
+
+    def _compile(self, module: nn.Module) -> Step:
+        if isinstance(module, nn.Sequential):
+            steps = [self._compile(m) for m in module]
+
+            def sequence(x: Tensor, slots: Tensor) -> Tensor:
+                for step in steps:
+                    x = step(x, slots)
+                return x
+
+            return sequence
+        if isinstance(module, ResidualUnit):
+            inner = self._compile(module.block)
+            return lambda x, slots: x + inner(x, slots)
+        if isinstance(module, DecoderBlock):
+            return self._compile(module.block)
+        if isinstance(module, ConvNeXtBlock):
+            conv = self._conv_step(module.dwconv)
+            return lambda x, slots: x + module.pointwise(conv(x, slots))
+        if isinstance(module, CausalConv1d):
+            return self._conv_step(module)
+        if isinstance(module, CausalConvTranspose1d):
+            return self._transposed_step(module)
+        if isinstance(module, (Snake1d, nn.Tanh, nn.Identity)):  # pointwise: no state
+            return lambda x, slots: module(x)
+        if isinstance(module, WindowLimitedTransformer):
+            raise TypeError("only the post_module transformer is streamed")
+        raise TypeError(f"no streaming rule for {type(module).__name__}")
+
+    def _conv_step(self, layer: CausalConv1d) -> Step:
+        if layer.stride != 1:
+            raise TypeError("strided convs are not on the decode path")
+        conv, ctx = layer.conv, layer.receptive - 1
+        if ctx == 0:
+            return lambda x, slots: conv(x)
+        history = self._new(conv.in_channels, ctx)  # [S, C_in, ctx]
+
+        def step(x: Tensor, slots: Tensor) -> Tensor:
+            # x: [B, C_in, n] -> [B, C_out, n]
+            full = torch.cat([history[slots], x], dim=-1)  # [B, C_in, ctx + n]
+            history[slots] = full[..., -ctx:]
+            return conv(full)  # no padding: ctx + n inputs give n outputs
+
+        return step
+
+    def _transposed_step(self, layer: CausalConvTranspose1d) -> Step:
+        conv, stride, overlap = layer.conv, layer.stride, layer.overlap
+        if overlap == 0:
+            return lambda x, slots: conv(x)
+        tail = self._new(conv.out_channels, overlap)  # [S, C_out, overlap], bias-free
+
+        def step(x: Tensor, slots: Tensor) -> Tensor:
+            # x: [B, C_in, n] -> [B, C_out, n * stride]
+            emit = x.shape[-1] * stride
+            y = F.conv_transpose1d(x, conv.weight, None, stride=stride)  # [B, C_out, emit + overlap]
+            y[..., :overlap] += tail[slots]
+            tail[slots] = y[..., emit:]
+            return y[..., :emit] + conv.bias[:, None]
+
+        return step

@@ -1,0 +1,379 @@
+"""The modded-DAC codec: parity with upstream on a recorded fixture, checkpoint loading and
+its errors, streaming decode == whole decode, and the presets' shapes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.flop_counter import FlopCounterMode
+
+from engine.codec.config import CodecConfig, codec_preset
+from engine.codec.loader import CodecLoadError, is_encode_only, load_codec
+from engine.codec.model import Codec
+from engine.codec.streaming import StreamingDecoder
+
+FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "codec"
+CHECKPOINT = FIXTURE / "codec.pth"
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, torch.Tensor]:
+    return load_file(FIXTURE / "expected.safetensors")
+
+
+@pytest.fixture(scope="module")
+def upstream_codec() -> Codec:
+    return load_codec(CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def upstream_state() -> dict[str, torch.Tensor]:
+    return torch.load(CHECKPOINT, weights_only=True)
+
+
+def random_codec(config: CodecConfig, seed: int = 0) -> Codec:
+    """Default init leaves biases ~0 and layer scales at 1e-2 / 1e-6, which would hide a
+    double-added bias or a broken transformer; give them values that matter."""
+    torch.manual_seed(seed)
+    codec = Codec(config).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in codec.named_parameters():
+            if name.endswith("gamma"):
+                p.uniform_(0.1, 0.5, generator=gen)
+            elif name.endswith("alpha"):
+                p.uniform_(0.5, 1.5, generator=gen)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1, generator=gen)
+    return codec
+
+
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y - ref).abs().max() / ref.abs().max()).item()
+
+
+def save(tmp_path: Path, obj, name: str = "codec.pth") -> Path:
+    """A checkpoint in its own folder, with the fixture's codec_config.json beside it."""
+    shutil.copy(FIXTURE / "codec_config.json", tmp_path / "codec_config.json")
+    torch.save(obj, tmp_path / name)
+    return tmp_path / name
+
+
+# -- parity with upstream ---------------------------------------------------------------
+
+
+def test_decode_matches_upstream(upstream_codec, expected):
+    audio = upstream_codec.decode(expected["decode_codes"])  # includes out-of-range codes
+    assert audio.shape == expected["decoded"].shape
+    assert relative_error(audio, expected["decoded"]) < 1e-4
+
+
+def test_encode_matches_upstream(upstream_codec, expected):
+    codes = upstream_codec.encode(expected["audio"])
+    assert codes.dtype == torch.long
+    assert torch.equal(codes, expected["codes"])
+
+
+def test_streaming_decode_matches_upstream(upstream_codec, expected):
+    codes, ref = expected["decode_codes"], expected["decoded"]
+    stream = StreamingDecoder(upstream_codec, max_streams=2)
+    chunks, t = [], 0
+    for n in (1, 3, 7, 3):  # 14 frames; the window is 6
+        chunks.append(stream.decode(torch.tensor([1, 0]), codes[:, :, t:t + n]))
+        t += n
+    assert relative_error(torch.cat(chunks, dim=-1), ref) < 1e-4
+
+
+# -- loading ----------------------------------------------------------------------------
+
+
+def test_fixture_covers_both_weight_norm_styles(upstream_state):
+    keys = list(upstream_state)
+    assert any(k.endswith(".weight_g") for k in keys)  # dac's WNConv1d (VQ projections)
+    assert any(k.endswith(".parametrizations.weight.original0") for k in keys)  # causal convs
+
+
+def test_training_checkpoint_layout_loads_the_same(tmp_path, upstream_state, upstream_codec, expected):
+    wrapped = {f"generator.{k}": v for k, v in upstream_state.items()}
+    wrapped["discriminator.conv.weight"] = torch.zeros(3)  # other sub-models are dropped
+    # the release carries upstream's runtime buffers; they are rebuilt, not loaded
+    wrapped["generator.quantizer.post_module.freqs_cis"] = torch.zeros(4, 2, 2)
+    wrapped["generator.quantizer.post_module.causal_mask"] = torch.ones(4, 4, dtype=torch.bool)
+    codec = load_codec(save(tmp_path, {"state_dict": wrapped}))
+    codes = expected["decode_codes"]
+    assert torch.equal(codec.decode(codes), upstream_codec.decode(codes))
+
+
+def test_already_folded_weights_load(tmp_path, upstream_codec, expected):
+    path = save(tmp_path, upstream_codec.state_dict())
+    codec = load_codec(path)
+    assert torch.equal(codec.encode(expected["audio"]), expected["codes"])
+
+
+def test_legacy_torch_save_format_loads(tmp_path, upstream_state, upstream_codec, expected):
+    path = tmp_path / "codec.pth"
+    shutil.copy(FIXTURE / "codec_config.json", tmp_path / "codec_config.json")
+    torch.save(upstream_state, path, _use_new_zipfile_serialization=False)  # cannot be mmapped
+    codes = expected["decode_codes"]
+    assert torch.equal(load_codec(path).decode(codes), upstream_codec.decode(codes))
+
+
+def test_missing_key_is_named(tmp_path, upstream_state):
+    state = dict(upstream_state)
+    del state["decoder.model.0.conv.bias"]
+    path = save(tmp_path, state)
+    with pytest.raises(CodecLoadError) as err:
+        load_codec(path)
+    assert str(path) in str(err.value)
+    assert "1 missing keys: decoder.model.0.conv.bias" in str(err.value)
+
+
+def test_unexpected_key_is_named(tmp_path, upstream_state):
+    state = dict(upstream_state)
+    state["decoder.model.9.conv.bias"] = torch.zeros(2)
+    path = save(tmp_path, state)
+    with pytest.raises(CodecLoadError, match=r"1 unexpected keys: decoder\.model\.9\.conv\.bias") as err:
+        load_codec(path)
+    assert str(path) in str(err.value)
+
+
+def test_shape_mismatch_is_named(tmp_path, upstream_state):
+    state = dict(upstream_state)
+    key = "quantizer.semantic_quantizer.quantizers.0.codebook.weight"
+    state[key] = torch.zeros(99, 8)
+    path = save(tmp_path, state)
+    with pytest.raises(CodecLoadError) as err:
+        load_codec(path)
+    assert f"{key}: checkpoint (99, 8) vs model (128, 8)" in str(err.value)
+
+
+def test_unpaired_weight_norm_is_an_error(tmp_path, upstream_state):
+    state = dict(upstream_state)
+    del state["decoder.model.0.conv.parametrizations.weight.original1"]
+    with pytest.raises(CodecLoadError, match="decoder.model.0.conv"):
+        load_codec(save(tmp_path, state))
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint at all", b""])
+def test_wrong_file_names_the_file(tmp_path, content):
+    path = tmp_path / "codec.pth"
+    path.write_bytes(content)
+    with pytest.raises(CodecLoadError, match="not a readable torch checkpoint") as err:
+        load_codec(path, config=codec_preset("tiny"))
+    assert str(path) in str(err.value)
+
+
+def test_not_a_state_dict(tmp_path):
+    path = tmp_path / "codec.pth"
+    torch.save([torch.zeros(2)], path)
+    with pytest.raises(CodecLoadError, match="expected a state dict"):
+        load_codec(path, config=codec_preset("tiny"))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(CodecLoadError, match="no such codec checkpoint"):
+        load_codec(tmp_path / "nope.pth")
+
+
+def test_without_config_file_the_release_shape_is_expected(tmp_path, upstream_state):
+    path = tmp_path / "codec.pth"
+    torch.save(upstream_state, path)  # no codec_config.json beside it -> "fish" preset
+    with pytest.raises(CodecLoadError, match=r"hop 2048, 10 codebooks, latent 1024"):
+        load_codec(path)
+
+
+def test_decoder_only_checkpoint(tmp_path, upstream_state, upstream_codec, expected):
+    state = {k: v for k, v in upstream_state.items() if not is_encode_only(k)}
+    path = save(tmp_path, state)
+    with pytest.raises(CodecLoadError, match="decoder_only=True"):
+        load_codec(path)
+    codec = load_codec(path, decoder_only=True)
+    codes = expected["decode_codes"]
+    assert torch.equal(codec.decode(codes), upstream_codec.decode(codes))
+    assert sum(p.numel() for p in codec.parameters()) < sum(
+        p.numel() for p in upstream_codec.parameters())
+    with pytest.raises(RuntimeError, match="decoder_only"):
+        codec.encode(expected["audio"])
+    # a full checkpoint loads decoder-only too: the encoder keys are simply not read
+    full = load_codec(CHECKPOINT, decoder_only=True)
+    assert torch.equal(full.decode(codes), upstream_codec.decode(codes))
+
+
+def test_bf16_load(expected):
+    codec = load_codec(CHECKPOINT, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in codec.parameters())
+    audio = codec.decode(expected["decode_codes"]).float()
+    ref = expected["decoded"]
+    assert torch.corrcoef(torch.stack([audio.flatten(), ref.flatten()]))[0, 1] > 0.9
+
+
+def test_release_shape_matches_upstream_names():
+    """The "fish" preset expects exactly upstream's keys (weight norm folded)."""
+    import json
+
+    upstream = json.loads((FIXTURE / "fish_keys.json").read_text())
+    folded = {}
+    for key, shape in upstream.items():
+        for stem_end in (".weight_g", ".parametrizations.weight.original0"):
+            if key.endswith(stem_end):
+                break
+        else:
+            key = key.replace(".parametrizations.weight.original1", ".weight").replace(
+                ".weight_v", ".weight")
+            folded[key] = tuple(shape)
+    with torch.device("meta"):
+        codec = Codec(codec_preset("fish"))
+    ours = {k: tuple(v.shape) for k, v in codec.state_dict().items()}
+    assert ours == folded
+    assert 391e6 < sum(p.numel() for p in codec.parameters()) < 392e6
+
+
+# -- streaming ----------------------------------------------------------------------------
+
+WINDOW = 4  # a small post_module window so that "beyond the window" is cheap
+
+
+@pytest.fixture(scope="module")
+def small_codec() -> Codec:
+    return random_codec(codec_preset("tiny", quantizer_window=WINDOW))
+
+
+def random_codes(codec: Codec, batch: int, frames: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, codec.num_codebooks, frames), generator=gen)
+
+
+def stream_in_chunks(stream: StreamingDecoder, slot: int, codes: torch.Tensor, sizes) -> torch.Tensor:
+    out, t = [], 0
+    for n in sizes:
+        out.append(stream.decode(torch.tensor([slot]), codes[:, :, t:t + n]))
+        t += n
+    assert t == codes.shape[-1]
+    return torch.cat(out, dim=-1)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 15, [3, 7, 5], [15], [2, 1, 9, 3], [5, 5, 5]])
+def test_streaming_equals_whole_decode(small_codec, sizes):
+    codes = random_codes(small_codec, 1, sum(sizes), seed=1)  # 15 frames > 3 windows
+    ref = small_codec.decode(codes)
+    assert ref.std() > 1e-2  # the comparison below means something
+    stream = StreamingDecoder(small_codec, max_streams=2)
+    y = stream_in_chunks(stream, 1, codes, sizes)
+    assert y.shape == ref.shape
+    assert (y - ref).abs().max() < 1e-4
+
+
+def test_batched_streams_with_different_histories(small_codec):
+    codes = random_codes(small_codec, 3, 16, seed=2)
+    ref = small_codec.decode(codes)
+    hop = small_codec.hop_length
+    stream = StreamingDecoder(small_codec, max_streams=5)
+    slots = [4, 0, 2]  # stream i lives in slot slots[i]
+    out = [[] for _ in slots]
+    done = [0, 0, 0]
+
+    def step(which: list[int], n: int) -> None:
+        y = stream.decode(torch.tensor([slots[i] for i in which]),
+                          torch.stack([codes[i, :, done[i]:done[i] + n] for i in which]))
+        assert y.shape == (len(which), n * hop)
+        for row, i in enumerate(which):
+            out[i].append(y[row])
+            done[i] += n
+
+    step([0], 6)  # stream 0 runs ahead past the window
+    step([1], 1)
+    step([0, 1, 2], 3)  # three streams at positions 6, 1 and 0 in one call
+    step([2, 0], 7)
+    step([1, 2], 5)
+    step([1], 6)
+    step([2, 1], 1)  # slots given in another order
+    assert done == [16, 16, 16]
+    for i in range(3):
+        assert (torch.cat(out[i]) - ref[i]).abs().max() < 1e-4
+
+
+def test_reset_gives_a_fresh_stream(small_codec):
+    first, second = random_codes(small_codec, 1, 9, seed=3), random_codes(small_codec, 1, 7, seed=4)
+    stream = StreamingDecoder(small_codec, max_streams=1)
+    stream_in_chunks(stream, 0, first, [4, 5])
+    stream.reset(0)
+    y = stream_in_chunks(stream, 0, second, [2, 5])
+    assert (y - small_codec.decode(second)).abs().max() < 1e-4
+    with pytest.raises(IndexError):
+        stream.reset(1)
+
+
+def test_each_frame_costs_one_frame_of_work(small_codec):
+    """Same FLOPs and same state size for frame 1 and frame 30 of a stream: the past is
+    summarised, never re-decoded."""
+    codes = random_codes(small_codec, 1, 30, seed=5)
+    stream = StreamingDecoder(small_codec, max_streams=2)
+    state_bytes = stream.state_bytes()
+    flops = []
+    for t in range(30):
+        with FlopCounterMode(display=False) as counter:
+            y = stream.decode(torch.tensor([0]), codes[:, :, t:t + 1])
+        assert y.shape == (1, small_codec.hop_length)
+        flops.append(counter.get_total_flops())
+    assert flops[0] > 0 and len(set(flops)) == 1
+    assert stream.state_bytes() == state_bytes
+
+
+def test_streaming_rejects_bad_shapes(small_codec):
+    stream = StreamingDecoder(small_codec, max_streams=2)
+    with pytest.raises(ValueError):
+        stream.decode(torch.tensor([0]), torch.zeros(1, 3, 2, dtype=torch.long))
+    with pytest.raises(ValueError):
+        stream.decode(torch.tensor([0, 1]), torch.zeros(1, 4, 2, dtype=torch.long))
+
+
+# -- presets and shapes -------------------------------------------------------------------
+
+
+def test_tiny_preset_round_trip_shapes():
+    config = codec_preset("tiny")
+    assert (config.sample_rate, config.hop_length, config.num_codebooks) == (44100, 2048, 4)
+    codec = random_codec(config)
+    assert (codec.sample_rate, codec.hop_length, codec.num_codebooks) == (44100, 2048, 4)
+    for samples, frames in ((44100, 22), (2048, 1), (2049, 2), (1, 1)):
+        audio = 0.1 * torch.randn(2, samples)
+        codes = codec.encode(audio)
+        assert codes.shape == (2, 4, frames) and codes.dtype == torch.long
+        assert 0 <= codes.min() and codes.max() < 256
+        decoded = codec.decode(codes)
+        assert decoded.shape == (2, frames * 2048)
+        assert decoded.abs().max() <= 1.0
+
+
+def test_fish_preset_shape():
+    config = codec_preset("fish")
+    assert (config.hop_length, config.num_codebooks, config.frame_rate) == (2048, 10, 44100 / 2048)
+    assert config.semantic_codebook_size == 4096 and config.codebook_size == 1024
+
+
+def test_config_json_round_trip():
+    config = codec_preset("tiny", quantizer_window=7)
+    assert CodecConfig.from_json(config.to_json()) == config
+    with pytest.raises(ValueError, match="unknown codec config fields"):
+        CodecConfig.from_json('{"sample_rate": 44100, "bogus": 1}')
+
+
+@pytest.mark.parametrize("overrides", [
+    {"decoder_rates": (8, 8, 4)},  # decode would not give hop_length samples per frame
+    {"encoder_transformer_layers": (0, 0, 1)},
+    {"sample_rate": 1000},
+    {"codebook_size": 0},
+    {"quantizer_head_dim": 7},
+])
+def test_invalid_config_is_rejected(overrides):
+    with pytest.raises(ValueError, match="CodecConfig"):
+        codec_preset("tiny", **overrides)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown codec preset"):
+        codec_preset("huge")
