@@ -256,7 +256,7 @@ def _tiny() -> ModelConfig:
     return ModelConfig(
         vocab_size=TINY_LAYOUT.vocab_size, n_layer=2, n_head=4, n_local_heads=2,
         head_dim=16, dim=64, intermediate_size=128, rope_base=10000.0, norm_eps=1e-6,
-        max_seq_len=1024, attention_qk_norm=True,
+        max_seq_len=4096, attention_qk_norm=True,
         codebook_size=TINY_LAYOUT.codebook_size, num_codebooks=TINY_LAYOUT.num_codebooks,
         semantic_begin_id=TINY_LAYOUT.semantic_begin_id,
         semantic_end_id=TINY_LAYOUT.semantic_end_id, im_end_id=TINY_LAYOUT.im_end_id,

@@ -46,6 +46,8 @@ class Synthesizer:
         self.kv = KVCache.allocate(self.config, 1, self.max_len, bundle.device, bundle.dtype)
         self.decoder = StreamingDecoder(bundle.codec, 1)
         self._slot = torch.zeros(1, dtype=torch.long, device=bundle.device)
+        # a cut segment's last frame + the turn's end tokens
+        self._closing_room = 1 + bundle.prompts.segment_end().shape[1]
 
     # --- voices ------------------------------------------------------------------------
 
@@ -81,18 +83,25 @@ class Synthesizer:
         pos = prefix.shape[1]
         for text in segments:
             segment = prompts.segment(text)
-            if pos + segment.shape[1] + options.max_frames + 8 > self.max_len:
-                pos = prefix.shape[1]  # restart the context from the voice prefix
+            # a segment takes ~1.4 frames per character of text; restart the context from
+            # the voice prefix when the next one would probably not fit
+            expected_frames = min(options.max_frames, 2 * len(text) + 32)
+            if pos + segment.shape[1] + expected_frames + self._closing_room > self.max_len:
+                pos = prefix.shape[1]
             head, fast_in = self._prefill(segment, pos)
             pos += segment.shape[1]
+            # room left for frames, keeping space for the turn's closing tokens
+            budget = min(options.max_frames, self.max_len - pos - self._closing_room)
+            if budget < 1:
+                raise ValueError(f"segment of {segment.shape[1]} tokens leaves no room in the KV length {self.max_len}")
             window = new_window(1, self.config.sampling_window, self.config.num_codebooks, device)
             frame_index = torch.zeros(1, dtype=torch.long, device=device)
             frame = sample_frame(self.model, self.kv, head, fast_in, sampling, window, frame_index)
-            for n in range(options.max_frames):
+            for n in range(budget):
                 if int(frame[0, 0]) == self.config.im_end_id:
                     break
                 yield frame[0, 1:].cpu()
-                if n + 1 == options.max_frames:
+                if n + 1 == budget:
                     break
                 push_window(window, frame[:, 1:])
                 frame_index += 1
@@ -102,7 +111,7 @@ class Synthesizer:
                 )
                 pos += 1
             closing = prompts.segment_end()
-            if int(frame[0, 0]) != self.config.im_end_id:  # cut at max_frames: keep its last frame
+            if int(frame[0, 0]) != self.config.im_end_id:  # cut at the frame budget: keep its last frame
                 closing = torch.cat([frame[0].cpu()[:, None], closing], dim=1)
             self._prefill(closing, pos)
             pos += closing.shape[1]

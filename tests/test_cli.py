@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import av
+import pytest
 import numpy as np
 
 from engine.audio import wav_bytes
@@ -59,3 +60,18 @@ def test_usage_errors(tmp_path):
     assert empty.returncode == 2 and "nothing to say" in empty.stderr
     unknown = run("--text", "hi", "--model", "no-such-model", cwd=tmp_path)
     assert unknown.returncode != 0 and "neither 'default', a preset" in unknown.stderr
+
+
+
+def test_many_segments_fit_a_short_context():
+    """Segments keep coming after the context is full: it restarts from the voice prefix,
+    and a segment is cut where the KV length ends instead of overrunning it."""
+    from engine.bundle import load_bundle
+    from engine.generate import GenerateOptions, Synthesizer
+
+    synth = Synthesizer(load_bundle("tiny", "cpu"), max_len=200)
+    segments = [f"Sentence number {i} is right here." for i in range(8)]
+    frames = list(synth.frames(segments, options=GenerateOptions(max_frames=120)))
+    assert 8 <= len(frames) <= 8 * 120
+    with pytest.raises(ValueError, match="KV length 200"):
+        list(synth.frames(["x" * 400]))
