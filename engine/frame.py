@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.kv_cache import KVCache
+from engine.kv_cache import FastCache, KVCache
 from engine.model import DualARModel
 from engine.sampling import SamplingTensors, sample_codebook, sample_semantic
 
@@ -42,7 +42,7 @@ def new_window(batch: int, size: int, num_codebooks: int, device: torch.device |
 
 def sample_frame(
     model: DualARModel,
-    kv: KVCache,
+    fast: FastCache,
     head_logits: Tensor,
     fast_in: Tensor,
     params: SamplingTensors,
@@ -58,9 +58,9 @@ def sample_frame(
     token = torch.where(is_end, c.im_end_id, c.semantic_begin_id + row)
     code = torch.where(is_end, 0, row)  # the end frame's codes are never decoded
     codes = [code]
-    model.fast_step(fast_in, 0, kv)
+    model.fast_step(fast_in, 0, fast)
     for i in range(1, c.num_codebooks):
-        logits = model.fast_step(model.fast_embeddings(code), i, kv)[:, : c.fast_vocab]
+        logits = model.fast_step(model.fast_embeddings(code), i, fast)[:, : c.fast_vocab]
         code = sample_codebook(logits, params, window[:, :, i], frame_index, i)
         codes.append(code)
     return torch.stack([token, *codes], dim=1)
@@ -69,6 +69,7 @@ def sample_frame(
 def decode_frame(
     model: DualARModel,
     kv: KVCache,
+    fast: FastCache,
     tokens: Tensor,
     slots: Tensor,
     positions: Tensor,
@@ -80,4 +81,4 @@ def decode_frame(
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
     the next frame [B, 1 + C]."""
     head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv)
-    return sample_frame(model, kv, head_logits, fast_in, params, window, frame_index)
+    return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index)

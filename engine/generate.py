@@ -22,7 +22,7 @@ from engine.audio import load_audio
 from engine.bundle import ModelBundle
 from engine.codec.streaming import StreamingDecoder
 from engine.frame import decode_frame, new_window, push_window, sample_frame
-from engine.kv_cache import KVCache
+from engine.kv_cache import FastCache, KVCache
 from engine.prompt import Reference, Voice
 from engine.sampling import SamplingParams, SamplingTensors
 
@@ -44,6 +44,7 @@ class Synthesizer:
         self.config = bundle.config
         self.max_len = min(max_len, self.config.max_seq_len)
         self.kv = KVCache.allocate(self.config, 1, self.max_len, bundle.device, bundle.dtype)
+        self.fast = FastCache.allocate(self.config, 1, bundle.device, bundle.dtype)
         self.decoder = StreamingDecoder(bundle.codec, 1)
         self._slot = torch.zeros(1, dtype=torch.long, device=bundle.device)
         # a cut segment's last frame + the turn's end tokens
@@ -96,7 +97,7 @@ class Synthesizer:
                 raise ValueError(f"segment of {segment.shape[1]} tokens leaves no room in the KV length {self.max_len}")
             window = new_window(1, self.config.sampling_window, self.config.num_codebooks, device)
             frame_index = torch.zeros(1, dtype=torch.long, device=device)
-            frame = sample_frame(self.model, self.kv, head, fast_in, sampling, window, frame_index)
+            frame = sample_frame(self.model, self.fast, head, fast_in, sampling, window, frame_index)
             for n in range(budget):
                 if int(frame[0, 0]) == self.config.im_end_id:
                     break
@@ -107,7 +108,7 @@ class Synthesizer:
                 frame_index += 1
                 positions = torch.tensor([pos], device=device)
                 frame = decode_frame(
-                    self.model, self.kv, frame, self._slot, positions, pos + 1, sampling, window, frame_index
+                    self.model, self.kv, self.fast, frame, self._slot, positions, pos + 1, sampling, window, frame_index
                 )
                 pos += 1
             closing = prompts.segment_end()

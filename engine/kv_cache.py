@@ -5,8 +5,9 @@ scratch row: padded entries of a decode batch (bucket larger than the live batch
 at it, so they never write into a live stream's row, even one being prefilled on
 another thread at that moment.
 
-Fast KV: [n_fast_layer, max_batch, num_codebooks, Kf, Dhf]: per-frame scratch indexed by
-batch row, restarted every frame.
+Fast KV (`FastCache`): [n_fast_layer, batch, num_codebooks, Kf, Dhf], per-frame scratch
+indexed by batch row and restarted every frame. Each thread that samples frames (decode,
+prefill) has its own, so they never share scratch rows.
 """
 
 from __future__ import annotations
@@ -20,11 +21,21 @@ from engine.config import ModelConfig
 
 
 @dataclass(slots=True)
+class FastCache:
+    k: Tensor
+    v: Tensor
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> "FastCache":
+        c = config
+        shape = (c.n_fast_layer, batch, c.num_codebooks, c.fast_n_local_heads, c.fast_head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+
+@dataclass(slots=True)
 class KVCache:
     k: Tensor
     v: Tensor
-    fast_k: Tensor
-    fast_v: Tensor
 
     @classmethod
     def allocate(
@@ -41,13 +52,7 @@ class KVCache:
             raise ValueError(f"max_len {max_len} exceeds the model's max_seq_len {config.max_seq_len}")
         c = config
         slow = (c.n_layer, max_running + 1, max_len, c.n_local_heads, c.head_dim)
-        fast = (c.n_fast_layer, max_running + 1, c.num_codebooks, c.fast_n_local_heads, c.fast_head_dim)
-        return cls(
-            k=torch.zeros(slow, device=device, dtype=dtype),
-            v=torch.zeros(slow, device=device, dtype=dtype),
-            fast_k=torch.zeros(fast, device=device, dtype=dtype),
-            fast_v=torch.zeros(fast, device=device, dtype=dtype),
-        )
+        return cls(k=torch.zeros(slow, device=device, dtype=dtype), v=torch.zeros(slow, device=device, dtype=dtype))
 
     @property
     def scratch_row(self) -> int:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from engine.attention import DecodeMeta, FastMeta, PrefillMeta
 from engine.config import ModelConfig
-from engine.kv_cache import KVCache
+from engine.kv_cache import FastCache, KVCache
 from engine.layers import RMSNorm, TransformerBlock, rope_table
 
 
@@ -135,7 +135,7 @@ class DualARModel(nn.Module):
 
     # --- fast transformer --------------------------------------------------------------
 
-    def fast_step(self, x: Tensor, step: int, kv: KVCache) -> Tensor | None:
+    def fast_step(self, x: Tensor, step: int, fast: FastCache) -> Tensor | None:
         """One fast position for B rows. x: [B, fast_dim] (the slow output at step 0,
         the embedding of code step-1 after). Returns logits [B, codebook_size] for
         code `step`, or None at step 0 (code 0 is the slow model's semantic token, so
@@ -144,7 +144,7 @@ class DualARModel(nn.Module):
         cos_sin = self.fast_rope[step : step + 1][None].expand(h.shape[0], -1, -1, -1)
         meta = FastMeta(step)
         for i, layer in enumerate(self.fast_layers):
-            h = layer(h, cos_sin, kv.fast_k[i], kv.fast_v[i], meta)
+            h = layer(h, cos_sin, fast.k[i], fast.v[i], meta)
         if step == 0:
             return None
         return self.fast_output(self.fast_norm(h[:, 0]))

@@ -81,6 +81,19 @@ class SamplingTensors:
             seed=torch.zeros(batch, dtype=torch.int64, **z),
         )
 
+    def gather(self, idx: Tensor) -> "SamplingTensors":
+        """Rows `idx` (a decode batch) of per-slot settings."""
+        return SamplingTensors(*(getattr(self, f)[idx] for f in _FIELDS))
+
+    def rows(self, sl: slice) -> "SamplingTensors":
+        """A view of rows `sl` (no copy)."""
+        return SamplingTensors(*(getattr(self, f)[sl] for f in _FIELDS))
+
+    def set_row(self, row: int, p: SamplingParams) -> None:
+        values = (p.temperature, p.top_p, p.top_k or MAX_TOP_K, p.repetition_penalty, p.ras, p.seed)
+        for name, value in zip(_FIELDS, values):
+            getattr(self, name)[row] = value
+
     @classmethod
     def from_params(cls, params: list[SamplingParams], device: torch.device | str) -> "SamplingTensors":
         return cls(
@@ -95,6 +108,7 @@ class SamplingTensors:
         )
 
 
+_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "ras", "seed")
 _MASK32 = 0xFFFFFFFF
 
 

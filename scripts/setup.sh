@@ -8,6 +8,18 @@ cd "$root"
 extras="${EXTRAS:-dev}"
 python="${PYTHON:-python3}"
 
+# Debian packages the Python packages need at run time (opuslib loads libopus).
+debs=(libopus0)
+missing=()
+for deb in "${debs[@]}"; do
+    dpkg -s "$deb" >/dev/null 2>&1 || missing+=("$deb")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "[setup] installing Debian packages: ${missing[*]}"
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv with $($python --version)"
     "$python" -m venv .venv

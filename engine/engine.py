@@ -1,0 +1,327 @@
+"""The serving engine: the scheduler, the runner and three worker threads.
+
+- prefill thread: voice prefixes when a stream opens (or a copy from the voice cache),
+  text segments as they arrive; samples each segment's first frame;
+- decode thread: one batched step for every decoding stream, launched before the
+  previous step is read (the host reads frames one step late);
+- codec thread: code frames to PCM, batched across streams.
+
+The public methods (open / say / cancel / close) are called from the service's event
+loop; they only update the scheduler under a lock and wake the threads, never wait for
+model work. Results go to each stream's sink from the worker threads; the sink must hand
+them to its own thread (the service uses `loop.call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from engine.audio import AudioError, load_audio
+from engine.bundle import ModelBundle
+from engine.codec_worker import CodecWorker
+from engine.prompt import Reference, Voice
+from engine.runner import Runner
+from engine.sampling import SamplingParams
+from engine.scheduler import PrefillWork, Refused, Scheduler, Segment, Stream
+from engine.voice import LRUBytes, ReferenceInput, VoiceInput
+
+log = logging.getLogger("engine")
+
+__all__ = ["Engine", "EngineConfig", "EngineError", "Refused", "StreamParams", "StreamSink", "VoiceInput"]
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    max_running: int = 8  # streams holding a KV slot (open connections)
+    max_queued: int = 16  # streams waiting for a slot; more are refused
+    max_len: int = 4096  # KV positions per stream (voice prefix + context)
+    voice_cache_bytes: int = 1 << 30  # device memory for cached voice prefixes
+    max_reference_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
+            raise ValueError("max_running >= 1, max_queued >= 0 and max_len >= 64 are required")
+
+
+@dataclass(slots=True)
+class StreamParams:
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    frame_budget: int = 1024  # frames per segment (max_new_tokens)
+    condition_on_previous: bool = True  # keep earlier segments in the context
+
+
+class StreamSink(Protocol):
+    """Called from engine threads."""
+
+    def on_ready(self, voice_cached: bool, prefill_ms: float) -> None: ...
+    def on_audio(self, turn: int, pcm: np.ndarray) -> None: ...  # float32 at the codec rate
+    def on_segment_end(self, turn: int, reason: str) -> None: ...  # "end" | "budget"
+    def on_error(self, code: str, message: str) -> None: ...
+
+
+class EngineError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class EngineStream:
+    """The engine's handle of one stream; also the owner the codec worker reports to."""
+
+    def __init__(self, voice: VoiceInput, params: StreamParams, sink: StreamSink) -> None:
+        self.voice = voice
+        self.params = params
+        self.sink = sink
+        self.closed = False
+        self.segments = 0
+        self.sched: Stream | None = None
+
+    def sampling_for_next_segment(self) -> SamplingParams:
+        # a different noise stream per segment, still reproducible from the seed
+        p = self.params.sampling
+        self.segments += 1
+        seed = (p.seed * 1_000_003 + self.segments * 7919) % 2**31
+        return SamplingParams(p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.ras, seed)
+
+    # codec worker callbacks
+    def audio(self, turn: int, pcm: np.ndarray) -> None:
+        if not self.closed:
+            self.sink.on_audio(turn, pcm)
+
+    def segment_end(self, turn: int, reason: str) -> None:
+        if not self.closed:
+            self.sink.on_segment_end(turn, reason)
+
+
+class Engine:
+    def __init__(self, bundle: ModelBundle, config: EngineConfig | None = None) -> None:
+        self.bundle = bundle
+        self.config = config or EngineConfig()
+        c = self.config
+        self.runner = Runner(bundle, c.max_running, c.max_len)
+        self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len)
+        self.codec = CodecWorker(bundle.codec, c.max_running + 1)
+        self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
+        self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
+        self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())
+        self.im_end_id = bundle.config.im_end_id
+        self.sample_rate = bundle.codec.sample_rate
+        self.hop_length = bundle.codec.hop_length
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._threads = [
+            threading.Thread(target=self._guard(self._prefill_loop), name="prefill", daemon=True),
+            threading.Thread(target=self._guard(self._decode_loop), name="decode", daemon=True),
+        ]
+        self.steps = 0
+        self.frames = 0
+        self.prefills = 0
+        self.started_at = time.monotonic()
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> "Engine":
+        self.codec.start()
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        for t in self._threads:
+            t.join(timeout=10)
+        self.codec.stop()
+
+    def _guard(self, loop):
+        def run():
+            try:
+                loop()
+            except Exception:  # a crashed worker must be loud, not silent
+                log.exception("engine thread %s crashed", threading.current_thread().name)
+                raise
+
+        return run
+
+    # --- public API (event loop) ------------------------------------------------------
+
+    def open(self, voice: VoiceInput, params: StreamParams, sink: StreamSink) -> EngineStream:
+        """Admit a stream and start prefilling its voice. Raises Refused when full."""
+        handle = EngineStream(voice, params, sink)
+        with self._lock:
+            handle.sched = self.sched.open(handle, params.frame_budget, not params.condition_on_previous)
+            self._lock.notify_all()
+        return handle
+
+    def say(self, handle: EngineStream, turn: int, text: str) -> None:
+        if not text.strip():
+            raise ValueError("say() needs text")
+        with self._lock:
+            self.sched.say(handle.sched, Segment(turn, text))
+            self._lock.notify_all()
+
+    def cancel(self, handle: EngineStream) -> None:
+        with self._lock:
+            self.sched.cancel(handle.sched)
+            self._lock.notify_all()
+
+    def close(self, handle: EngineStream) -> None:
+        handle.closed = True
+        with self._lock:
+            self.sched.close(handle.sched)
+            self._lock.notify_all()
+
+    def encode_references(self, refs: list[ReferenceInput]) -> list[torch.Tensor]:
+        """Reference audio -> codes [C, frames] (blocking; call it off the event loop)."""
+        return [self._reference_codes(r) for r in refs]
+
+    def stats(self) -> dict:
+        with self._lock:
+            counts = self.sched.counts()
+        return {
+            **{f"streams_{k}": v for k, v in counts.items()},
+            "decode_steps": self.steps,
+            "frames": self.frames,
+            "prefills": self.prefills,
+            "codec_queue": self.codec.depth(),
+            "voice_cache_entries": len(self.voice_cache),
+            "voice_cache_bytes": self.voice_cache.used,
+            "voice_cache_hits": self.voice_cache.hits,
+            "voice_cache_misses": self.voice_cache.misses,
+        }
+
+    # --- prefill thread ---------------------------------------------------------------
+
+    def _prefill_loop(self) -> None:
+        while True:
+            with self._lock:
+                work = None
+                while not self._stopping and (work := self.sched.next_prefill()) is None:
+                    self._lock.wait(0.5)
+                if self._stopping:
+                    return
+            handle: EngineStream = work.stream.owner
+            try:
+                if work.kind == "voice":
+                    self._prefill_voice(work, handle)
+                else:
+                    self._prefill_segment(work, handle)
+            except Exception as e:
+                code = "bad_audio" if isinstance(e, AudioError) else getattr(e, "code", "internal")
+                if code == "internal":
+                    log.exception("prefill failed")
+                with self._lock:
+                    self.sched.prefill_failed(work.stream)
+                    self._lock.notify_all()
+                if not handle.closed:
+                    handle.sink.on_error(code, str(e) if code != "internal" else f"prefill failed: {e}")
+
+    def _reference_codes(self, ref: ReferenceInput) -> torch.Tensor:
+        if ref.codes is not None:
+            return ref.codes
+        key = ref.key()
+        codes = self.codes_cache.get(key)
+        if codes is None:
+            codec = self.bundle.codec
+            wav = load_audio(ref.audio, codec.sample_rate, max_seconds=self.config.max_reference_seconds)
+            dtype = next(codec.parameters()).dtype
+            with self.runner._prefill_lock, torch.inference_mode():
+                codes = codec.encode(torch.from_numpy(wav).to(self.bundle.device, dtype)[None])[0].cpu()
+            self.codes_cache.put(key, codes)
+        return codes
+
+    def _prefill_voice(self, work: PrefillWork, handle: EngineStream) -> None:
+        t0 = time.perf_counter()
+        stream = work.stream
+        prefix = self.voice_cache.get(handle.voice.key)
+        cached = prefix is not None
+        if cached:
+            self.runner.load_prefix(stream.slot, prefix)
+        else:
+            refs = [Reference(r.text, self._reference_codes(r)) for r in handle.voice.references]
+            tokens = self.bundle.prompts.voice_prefix(Voice(refs))
+            if tokens.shape[1] + 256 > self.runner.max_len:
+                raise EngineError("too_large", f"the voice prompt ({tokens.shape[1]} tokens) leaves no room in the context")
+            prefix = self.runner.prefill_prefix(stream.slot, tokens)
+            self.voice_cache.put(handle.voice.key, prefix)
+        self.codec.reset(stream.slot)
+        self.prefills += 1
+        with self._lock:
+            self.sched.voice_done(stream, prefix.length)
+            self._lock.notify_all()
+        if not handle.closed:
+            handle.sink.on_ready(cached, (time.perf_counter() - t0) * 1000)
+
+    def _prefill_segment(self, work: PrefillWork, handle: EngineStream) -> None:
+        prompts = self.bundle.prompts
+        pieces = []
+        if work.closing is not None:
+            if work.closing.cut_frame is not None:
+                pieces.append(torch.from_numpy(np.asarray(work.closing.cut_frame))[:, None])
+            pieces.append(prompts.segment_end())
+        pieces.append(prompts.segment(work.segment.text))
+        tokens = torch.cat(pieces, dim=1)
+        frame = self.runner.prefill_segment(work.stream.slot, work.start, tokens, handle.sampling_for_next_segment())
+        self.prefills += 1
+        with self._lock:
+            joined = self.sched.segment_done(work.stream, work, tokens.shape[1])
+            outcome = self.sched.frame(work.stream, work.segment.id, frame, int(frame[0]) == self.im_end_id) if joined else None
+            self._lock.notify_all()
+        if outcome is not None:
+            self._emit(work.stream, work.segment.turn, frame, outcome)
+
+    def _emit(self, stream: Stream, turn: int, frame: np.ndarray, outcome) -> None:
+        if outcome.emit:
+            self.frames += 1
+            self.codec.frame(stream.owner, stream.slot, turn, frame[1:])
+        if outcome.segment_done:
+            self.codec.end(stream.owner, turn, outcome.reason)
+
+    # --- decode thread ----------------------------------------------------------------
+
+    def _decode_loop(self) -> None:
+        pending = None
+        while True:
+            with self._lock:
+                batch = self.sched.decode_batch()
+                while not self._stopping and not batch and pending is None:
+                    self._lock.wait(0.5)
+                    batch = self.sched.decode_batch()
+                if self._stopping:
+                    return
+                launched = None
+                if batch:
+                    segments = [(s.current.id, s.current.turn) for s in batch]
+                    self.sched.step_launched(batch)
+                    slots = [s.slot for s in batch]
+                    kv_len = max(s.prompt_end + s.steps for s in batch)
+            if batch:
+                launched = (self.runner.launch(slots, kv_len), batch, segments)
+                self.steps += 1
+            if pending is not None:
+                self._read_step(*pending)
+            pending = launched
+
+    def _read_step(self, handle, batch: list[Stream], segments: list[tuple[int, int]]) -> None:
+        frames = self.runner.read(handle)
+        emitted = []
+        with self._lock:
+            for row, stream in enumerate(batch):
+                seg_id, turn = segments[row]
+                frame = frames[row]
+                outcome = self.sched.frame(stream, seg_id, frame, int(frame[0]) == self.im_end_id)
+                if outcome.emit or outcome.segment_done:
+                    emitted.append((stream, turn, frame, outcome))
+            self.sched.step_read(batch)
+            self._lock.notify_all()
+        for item in emitted:
+            self._emit(*item)

@@ -1,0 +1,203 @@
+"""The one GPU boundary: the model, the KV state, per-slot device state, static step
+buffers, pinned host staging, the prefill and decode CUDA streams.
+
+Per-slot state lives on the device, indexed by KV slot (rows = max_running + 1; the last
+is the scratch row that padded batch entries point at):
+    tokens [rows, 1 + C]   each stream's next input frame (the last one it sampled)
+    positions [rows]       where that frame goes in the KV
+    frame_index [rows]     the sampling noise counter
+    windows [rows, W, C]   previous-frames window (int32)
+    sampling params [rows]
+A decode step gathers its rows by `batch_slots`, runs one frame for all of them, and
+scatters the results back, so consecutive steps chain on the device: step t + 1 can be
+launched before the host has looked at step t. The host reads each step's frames from a
+pinned buffer behind a CUDA event, one step late. Only a change of batch membership moves
+data from the host (the slot list, through a pinned staging buffer).
+
+On a CPU everything runs eagerly and synchronously through the same code.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from engine.bundle import ModelBundle
+from engine.frame import decode_frame, new_window, push_window, sample_frame
+from engine.kv_cache import FastCache, KVCache
+from engine.sampling import SamplingParams, SamplingTensors
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def batch_buckets(max_running: int) -> list[int]:
+    """Decode batch sizes (CUDA-graph buckets) up to and including max_running."""
+    return [b for b in BUCKETS if b < max_running] + [max_running]
+
+
+@dataclass(slots=True)
+class StepHandle:
+    parity: int
+    batch: int
+    event: object | None  # torch.cuda.Event, None on the CPU
+
+
+@dataclass(slots=True)
+class PrefixKV:
+    """A voice prefix's KV, kept to copy into a new stream's slot."""
+
+    k: Tensor  # [n_layer, L, K, Dh]
+    v: Tensor
+    length: int
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class Runner:
+    def __init__(self, bundle: ModelBundle, max_running: int, max_len: int) -> None:
+        self.bundle = bundle
+        self.model = bundle.model
+        c = self.config = bundle.config
+        self.device, self.dtype = bundle.device, bundle.dtype
+        self.cuda = self.device.type == "cuda"
+        self.max_running = max_running
+        self.max_len = min(max_len, c.max_seq_len)
+        self.buckets = batch_buckets(max_running)
+        rows = max_running + 1
+        dev = self.device
+        self.kv = KVCache.allocate(c, max_running, self.max_len, dev, self.dtype)
+        self.scratch_row = self.kv.scratch_row
+        self.decode_fast = FastCache.allocate(c, self.buckets[-1], dev, self.dtype)
+        self.prefill_fast = FastCache.allocate(c, 1, dev, self.dtype)
+        self.tokens = torch.zeros(rows, 1 + c.num_codebooks, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.frame_index = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.windows = new_window(rows, c.sampling_window, c.num_codebooks, dev)
+        self.params = SamplingTensors.allocate(rows, dev)
+        # step I/O
+        self.batch_slots = torch.full((self.buckets[-1],), self.scratch_row, dtype=torch.long, device=dev)
+        self.out = torch.zeros(self.buckets[-1], 1 + c.num_codebooks, dtype=torch.long, device=dev)
+        pin = self.cuda
+        self.slots_host = torch.full((self.buckets[-1],), self.scratch_row, dtype=torch.long, pin_memory=pin)
+        self.out_host = torch.zeros(2, self.buckets[-1], 1 + c.num_codebooks, dtype=torch.long, pin_memory=pin)
+        self._parity = 0
+        self._last_slots: list[int] | None = None
+        if self.cuda:
+            self.decode_stream = torch.cuda.Stream(dev)
+            self.prefill_stream = torch.cuda.Stream(dev)
+        self._prefill_lock = threading.Lock()  # one prefill at a time (prefill thread + tools)
+
+    # --- prefill (prefill thread) ----------------------------------------------------------
+
+    def _on_prefill_stream(self):
+        return torch.cuda.stream(self.prefill_stream) if self.cuda else nullcontext()
+
+    @torch.inference_mode()
+    def prefill_prefix(self, slot: int, tokens: Tensor) -> PrefixKV:
+        """Prefill a voice prefix ([1 + C, L]) into `slot` from position 0; returns a copy
+        of its KV for the voice cache."""
+        length = tokens.shape[1]
+        self._check_room(0, length)
+        with self._prefill_lock, self._on_prefill_stream():
+            self.model.prefill(tokens.to(self.device, non_blocking=True), slot, 0, self.kv)
+            prefix = PrefixKV(self.kv.k[:, slot, :length].clone(), self.kv.v[:, slot, :length].clone(), length)
+            self._sync_prefill()
+        return prefix
+
+    @torch.inference_mode()
+    def load_prefix(self, slot: int, prefix: PrefixKV) -> None:
+        """Copy a cached voice prefix into `slot` (a device copy instead of a prefill)."""
+        with self._prefill_lock, self._on_prefill_stream():
+            self.kv.k[:, slot, : prefix.length].copy_(prefix.k, non_blocking=True)
+            self.kv.v[:, slot, : prefix.length].copy_(prefix.v, non_blocking=True)
+            self._sync_prefill()
+
+    @torch.inference_mode()
+    def prefill_segment(self, slot: int, start: int, tokens: Tensor, params: SamplingParams) -> np.ndarray:
+        """Prefill a segment's tokens ([1 + C, T]) at `start` and sample its first frame.
+        Sets the slot's device state so that the decode batch can pick it up. Returns
+        the first frame [1 + C] on the host."""
+        self._check_room(start, tokens.shape[1])
+        sl = slice(slot, slot + 1)
+        with self._prefill_lock, self._on_prefill_stream():
+            head, fast_in = self.model.prefill(tokens.to(self.device, non_blocking=True), slot, start, self.kv)
+            self.params.set_row(slot, params)
+            self.windows[sl] = -1
+            self.frame_index[sl] = 0
+            frame = sample_frame(
+                self.model, self.prefill_fast, head, fast_in, self.params.rows(sl), self.windows[sl], self.frame_index[sl]
+            )
+            self.tokens[sl] = frame
+            self.positions[sl] = start + tokens.shape[1]
+            self.frame_index[sl] = 1
+            host = frame[0].cpu()  # waits for this prefill only, never for the decode stream
+        return host.numpy()
+
+    def _check_room(self, start: int, length: int) -> None:
+        if start + length > self.max_len:
+            raise ValueError(f"{start + length} positions exceed the KV length {self.max_len}")
+
+    def _sync_prefill(self) -> None:
+        if self.cuda:
+            self.prefill_stream.synchronize()
+
+    # --- decode (decode thread) ------------------------------------------------------------
+
+    def bucket_for(self, batch: int) -> int:
+        return next(b for b in self.buckets if b >= batch)
+
+    @torch.inference_mode()
+    def launch(self, slots: list[int], kv_len: int) -> StepHandle:
+        """Launch one decode step for the streams in `slots` (no host sync)."""
+        n = len(slots)
+        bucket = self.bucket_for(n)
+        with torch.cuda.stream(self.decode_stream) if self.cuda else nullcontext():
+            if slots != self._last_slots:
+                self.slots_host[:n] = torch.tensor(slots, dtype=torch.long)
+                self.slots_host[n:bucket] = self.scratch_row
+                self.batch_slots[:bucket].copy_(self.slots_host[:bucket], non_blocking=True)
+                self._last_slots = list(slots)
+            self._step(bucket, min(kv_len, self.max_len))
+            parity = self._parity
+            self._parity ^= 1
+            self.out_host[parity, :n].copy_(self.out[:n], non_blocking=True)
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record(self.decode_stream)
+        return StepHandle(parity, n, event)
+
+    def read(self, handle: StepHandle) -> np.ndarray:
+        """The frames of a launched step, [batch, 1 + C] (waits for that step only)."""
+        if handle.event is not None:
+            handle.event.synchronize()
+        return self.out_host[handle.parity, : handle.batch].numpy().copy()
+
+    def _step(self, bucket: int, kv_len: int) -> None:
+        idx = self.batch_slots[:bucket]
+        tokens = self.tokens[idx]
+        windows = self.windows[idx]
+        push_window(windows, tokens[:, 1:])  # the input frame joins the window before sampling
+        positions = self.positions[idx]
+        frame_index = self.frame_index[idx]
+        out = decode_frame(
+            self.model, self.kv, self.decode_fast, tokens, idx, positions, kv_len,
+            self.params.gather(idx), windows, frame_index,
+        )
+        self.tokens.index_copy_(0, idx, out)
+        self.windows.index_copy_(0, idx, windows)
+        self.positions.index_copy_(0, idx, positions + 1)
+        self.frame_index.index_copy_(0, idx, frame_index + 1)
+        self.out[:bucket].copy_(out)
+
+    # --- accounting ------------------------------------------------------------------------
+
+    def kv_bytes_per_stream(self) -> int:
+        return KVCache.bytes_per_stream(self.config, self.max_len, self.dtype)

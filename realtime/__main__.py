@@ -1,0 +1,36 @@
+"""`python -m realtime`: load the model, start the engine, serve HTTP + WebSocket."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from engine.bundle import load_bundle
+from engine.engine import Engine
+from realtime.app import build_app
+from realtime.config import parse_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    bundle = load_bundle(config.model, config.device)
+    print(f"model {bundle.name} on {bundle.device} ({bundle.dtype}), loaded in {bundle.load_seconds:.1f} s", flush=True)
+    engine = Engine(bundle, config.engine)
+    app = build_app(config, engine)
+    host = "localhost" if config.host in ("127.0.0.1", "::1") else config.host
+    print(f"demo page:  http://{host}:{config.port}/", flush=True)
+    print(f"live TTS:   ws://{host}:{config.port}/v1/tts/live", flush=True)
+    if config.api_keys:
+        print(f"API keys required ({len(config.api_keys)} configured)", flush=True)
+    uvicorn.run(
+        app, host=config.host, port=config.port, loop="uvloop", http="httptools",
+        ws="websockets-sansio", ws_max_size=config.limits.max_message_bytes, log_level="info",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Service configuration: one dataclass, filled from the command line; the environment
+is read here and nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.engine import EngineConfig
+from realtime.protocol import Limits
+
+
+@dataclass(slots=True)
+class ServiceConfig:
+    host: str = "127.0.0.1"  # localhost unless told otherwise
+    port: int = 8765
+    model: str = "default"
+    device: str = "auto"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    limits: Limits = field(default_factory=Limits)
+    api_keys: frozenset[str] = frozenset()  # empty: no authentication
+    voices_dir: Path = Path("voices")
+    idle_timeout_s: float = 300.0  # a connection with nothing to do for this long is closed
+    ready_timeout_s: float = 120.0  # open-to-ready longer than this is an error
+    max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection (slow readers)
+    demo_page: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError("port must be in 1..65535")
+        if self.idle_timeout_s <= 0 or self.ready_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+
+
+def parse_args(argv: list[str] | None = None) -> ServiceConfig:
+    p = argparse.ArgumentParser(prog="python -m realtime", description="Realtime streaming voice service")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--model", default="default", help="default | tiny | s1-mini | s2-pro | checkpoint folder")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: cuda if present)")
+    p.add_argument("--max-running", type=int, default=8, help="streams holding a KV slot at once")
+    p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
+    p.add_argument("--max-len", type=int, default=4096, help="KV positions per stream")
+    p.add_argument("--voice-cache-mb", type=int, default=1024, help="device memory for cached voice prefixes")
+    p.add_argument("--voices-dir", default="voices", help="where stored voices are kept")
+    p.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable; also $REALTIME_API_KEYS, comma-separated)")
+    p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle connection is closed")
+    p.add_argument("--max-message-mb", type=float, default=16.0, help="largest WebSocket frame / HTTP body")
+    p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text event")
+    p.add_argument("--max-buffered-chars", type=int, default=100_000, help="text received but not yet spoken")
+    p.add_argument("--max-references", type=int, default=8)
+    p.add_argument("--max-reference-seconds", type=float, default=30.0)
+    p.add_argument("--max-new-tokens", type=int, default=2048, help="upper bound clients may ask for (frames per segment)")
+    p.add_argument("--no-demo", action="store_true", help="do not serve the browser demo at /")
+    a = p.parse_args(argv)
+    keys = set(a.api_key) | {k.strip() for k in os.environ.get("REALTIME_API_KEYS", "").split(",") if k.strip()}
+    return ServiceConfig(
+        host=a.host,
+        port=a.port,
+        model=a.model,
+        device=a.device,
+        engine=EngineConfig(
+            max_running=a.max_running, max_queued=a.max_queued, max_len=a.max_len,
+            voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds,
+        ),
+        limits=Limits(
+            max_message_bytes=int(a.max_message_mb * 2**20), max_text_chars=a.max_text_chars,
+            max_buffered_chars=a.max_buffered_chars, max_references=a.max_references,
+            max_reference_seconds=a.max_reference_seconds, max_new_tokens=a.max_new_tokens,
+        ),
+        api_keys=frozenset(keys),
+        voices_dir=Path(a.voices_dir),
+        idle_timeout_s=a.idle_timeout,
+        demo_page=not a.no_demo,
+    )

@@ -1,0 +1,71 @@
+"""Service metrics in the Prometheus text format (no client library needed).
+
+Updated on the event loop only; the engine's own counters are read when scraped."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter, deque
+
+TTFA_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, n in zip(self.buckets, self.counts):
+            running += n
+            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
+        out += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}", f"{name}_count {self.count}"]
+        return out
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.sessions_active = 0
+        self.sessions_total = 0
+        self.ttfa = Histogram(TTFA_BUCKETS)
+        self.open_to_ready = Histogram(TTFA_BUCKETS)
+        self.audio_seconds = 0.0
+        self.errors: Counter[str] = Counter()
+        self.http_requests = 0
+        self._frames: deque[tuple[float, int]] = deque(maxlen=64)  # (time, engine frames) samples
+
+    def frames_per_second(self, engine_frames: int) -> float:
+        now = time.monotonic()
+        self._frames.append((now, engine_frames))
+        while len(self._frames) > 2 and now - self._frames[0][0] > 10.0:
+            self._frames.popleft()
+        (t0, f0), (t1, f1) = self._frames[0], self._frames[-1]
+        return (f1 - f0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def render(self, engine_stats: dict) -> str:
+        lines = [
+            "# TYPE realtime_sessions_active gauge", f"realtime_sessions_active {self.sessions_active}",
+            "# TYPE realtime_sessions_total counter", f"realtime_sessions_total {self.sessions_total}",
+            "# TYPE realtime_http_requests_total counter", f"realtime_http_requests_total {self.http_requests}",
+            "# TYPE realtime_ttfa_seconds histogram", *self.ttfa.lines("realtime_ttfa_seconds"),
+            "# TYPE realtime_open_to_ready_seconds histogram", *self.open_to_ready.lines("realtime_open_to_ready_seconds"),
+            "# TYPE realtime_audio_seconds_total counter", f"realtime_audio_seconds_total {self.audio_seconds:.3f}",
+            "# TYPE realtime_errors_total counter",
+            *[f'realtime_errors_total{{code="{code}"}} {n}' for code, n in sorted(self.errors.items())],
+            "# TYPE engine_frames_per_second gauge",
+            f"engine_frames_per_second {self.frames_per_second(engine_stats.get('frames', 0)):.2f}",
+        ]
+        for key, value in sorted(engine_stats.items()):
+            kind = "counter" if key in ("decode_steps", "frames", "prefills", "voice_cache_hits", "voice_cache_misses") else "gauge"
+            name = f"engine_{key}" + ("_total" if kind == "counter" else "")
+            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(lines) + "\n"

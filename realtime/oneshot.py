@@ -1,0 +1,89 @@
+"""`POST /v1/tts`: a whole request at once, audio streamed back as the response body.
+
+The same engine path as a live connection: the text is cut into segments, spoken in one
+stream, and each encoded chunk is written to the response as soon as it exists."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from realtime import protocol as P
+from realtime.audio_out import AudioEncoder
+from realtime.segmenter import TextSegmenter
+from realtime.services import Services
+
+
+class _QueueSink:
+    def __init__(self, queue: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue, self._loop = queue, loop
+
+    def _put(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:
+            pass
+
+    def on_ready(self, voice_cached: bool, prefill_ms: float) -> None:
+        pass
+
+    def on_audio(self, turn: int, pcm: np.ndarray) -> None:
+        self._put(("audio", pcm))
+
+    def on_segment_end(self, turn: int, reason: str) -> None:
+        self._put(("end", reason))
+
+    def on_error(self, code: str, message: str) -> None:
+        self._put(("error", (code, message)))
+
+
+class OneShotError(Exception):
+    def __init__(self, code: P.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def segments_of(req: P.TTSRequest) -> list[str]:
+    seg = TextSegmenter(req.chunk_length, min(req.min_chunk_length, req.chunk_length), req.latency)
+    return seg.push(req.text) + seg.flush()
+
+
+async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
+    """Encoded audio chunks for the whole request. Raises OneShotError before the first
+    chunk for errors a client caused (the HTTP status can still say so)."""
+    from engine.engine import Refused
+
+    segments = segments_of(req)
+    if not segments:
+        raise OneShotError(P.ErrorCode.INVALID_FIELD, "text is empty")
+    encoder = AudioEncoder(
+        req.format, req.output_rate, svc.engine.sample_rate, req.mp3_bitrate, req.opus_bitrate,
+        speed=req.prosody.speed if req.prosody else 1.0, volume_db=req.prosody.volume if req.prosody else 0.0,
+    )
+    voice = svc.resolve_voice(req)
+    queue: asyncio.Queue = asyncio.Queue()
+    try:
+        handle = svc.engine.open(voice, svc.stream_params(req), _QueueSink(queue, asyncio.get_running_loop()))
+    except Refused as e:
+        raise OneShotError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+    try:
+        for text in segments:
+            svc.engine.say(handle, 1, text)
+        remaining = len(segments)
+        while remaining:
+            kind, value = await queue.get()
+            if kind == "audio":
+                svc.metrics.audio_seconds += len(value) / svc.engine.sample_rate
+                if data := encoder.encode(value):
+                    yield data
+            elif kind == "end":
+                remaining -= 1
+            else:
+                code, message = value
+                raise OneShotError(P.ErrorCode(code) if code in P.ErrorCode._value2member_map_ else P.ErrorCode.INTERNAL, message)
+        if tail := encoder.flush():
+            yield tail
+    finally:
+        svc.engine.close(handle)

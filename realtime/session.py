@@ -1,0 +1,333 @@
+"""One live WebSocket connection: protocol state, text buffering, turns, audio out.
+
+States: AWAITING_START -> PREPARING (voice prefilling; text is already accepted) ->
+READY -> STOPPING (after `stop`: the rest is spoken) -> FINISHED.
+
+Turns: text accumulates into the current turn; `flush` (or `stop`) closes it and the
+next text opens a new one. Each turn is cut into segments (realtime/segmenter.py) that
+the engine speaks in order. `cancel` drops every unfinished turn: from then on, no audio
+of those turns is sent. All methods run on the event loop; engine callbacks arrive from
+engine threads and are moved onto the loop with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter
+from enum import Enum
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from engine.engine import Refused
+from realtime import protocol as P
+from realtime.audio_out import AudioEncoder
+from realtime.segmenter import TextSegmenter
+from realtime.services import Services
+
+log = logging.getLogger("realtime.session")
+
+
+class State(Enum):
+    AWAITING_START = "awaiting_start"
+    PREPARING = "preparing"
+    READY = "ready"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+
+
+class SessionError(Exception):
+    def __init__(self, code: P.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class EngineSink:
+    """Engine callbacks (worker threads) -> the session's event loop."""
+
+    def __init__(self, session: "LiveSession", loop: asyncio.AbstractEventLoop) -> None:
+        self._session, self._loop = session, loop
+
+    def _post(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            pass
+
+    def on_ready(self, voice_cached: bool, prefill_ms: float) -> None:
+        self._post(self._session.on_ready, voice_cached, prefill_ms)
+
+    def on_audio(self, turn: int, pcm: np.ndarray) -> None:
+        self._post(self._session.on_audio, turn, pcm)
+
+    def on_segment_end(self, turn: int, reason: str) -> None:
+        self._post(self._session.on_segment_end, turn, reason)
+
+    def on_error(self, code: str, message: str) -> None:
+        self._post(self._session.on_engine_error, code, message)
+
+
+class LiveSession:
+    def __init__(self, ws: WebSocket, services: Services) -> None:
+        self.ws = ws
+        self.svc = services
+        self.limits = services.config.limits
+        self.id = uuid.uuid4().hex[:16]
+        self.state = State.AWAITING_START
+        self.handle = None
+        self.request: P.TTSRequest | None = None
+        self.encoder: AudioEncoder | None = None
+        self.segmenter: TextSegmenter | None = None
+        self.turn = 1
+        self.sent: Counter[int] = Counter()  # segments handed to the engine, per turn
+        self.done: Counter[int] = Counter()  # segments the engine finished, per turn
+        self.closed_turns: set[int] = set()  # flushed: no more text joins them
+        self.cancelled: set[int] = set()
+        self.turn_started: dict[int, float] = {}  # first segment handed over
+        self.turn_audio: Counter[int] = Counter()  # output samples per turn
+        self.pending_chars = 0  # handed to the engine, not yet spoken
+        self.seq = 0
+        self.opened_at = time.perf_counter()
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._out_bytes = 0
+        self._closing = False
+        self._done = asyncio.Event()
+
+    # --- connection ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._writer())
+        self.svc.metrics.sessions_active += 1
+        self.svc.metrics.sessions_total += 1
+        try:
+            await self._receive_loop()
+        except WebSocketDisconnect:
+            pass
+        except SessionError as e:
+            self._fail(e.code, e.message)
+        except Exception as e:  # a bug must end this session only, never the server
+            log.exception("session %s failed", self.id)
+            self._fail(P.ErrorCode.INTERNAL, f"internal error: {type(e).__name__}")
+        finally:
+            self._release_engine()
+            if not self._closing:
+                self._closing = True
+                self._out.put_nowait(None)
+            await writer
+            self.svc.metrics.sessions_active -= 1
+
+    async def _receive_loop(self) -> None:
+        while not self._closing:
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout=self._receive_timeout())
+            except asyncio.TimeoutError:
+                if self._busy():
+                    continue
+                raise SessionError(P.ErrorCode.TIMEOUT, f"no message for {self.svc.config.idle_timeout_s:.0f} s")
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            data = message.get("bytes")
+            if data is None:
+                raise SessionError(P.ErrorCode.BAD_MESSAGE, "frames must be binary MessagePack, got a text frame")
+            try:
+                event = P.parse_client_event(data, self.limits)
+            except P.ProtocolError as e:
+                raise SessionError(e.code, e.message) from None
+            self._handle(event)
+
+    def _receive_timeout(self) -> float:
+        if self.state is State.PREPARING:
+            return self.svc.config.ready_timeout_s
+        return self.svc.config.idle_timeout_s
+
+    def _busy(self) -> bool:
+        return self.state in (State.PREPARING, State.STOPPING) or self.pending_chars > 0
+
+    async def _writer(self) -> None:
+        while (item := await self._out.get()) is not None:
+            self._out_bytes -= len(item)
+            try:
+                await self.ws.send_bytes(item)
+            except Exception:  # the client went away; the receive side notices too
+                self._closing = True
+                break
+        try:
+            await self.ws.close(code=1000)
+        except Exception:
+            pass
+        self._release_engine()
+        self._done.set()
+
+    def _send(self, event: dict) -> None:
+        if self._closing:
+            return
+        data = P.pack(event)
+        self._out_bytes += len(data)
+        if self._out_bytes > self.svc.config.max_pending_audio_bytes:
+            self._fail(P.ErrorCode.TOO_LARGE, "the client is not reading its audio fast enough")
+            return
+        self._out.put_nowait(data)
+
+    def _fail(self, code: P.ErrorCode, message: str) -> None:
+        """Send error + finish{error}, then close. The rest of the server carries on."""
+        if self._closing:
+            return
+        self.svc.metrics.errors[code.value] += 1
+        self._send(P.error_event(code, message))
+        self._send(P.finish_event("error", message))
+        self._finish()
+
+    def _finish(self) -> None:
+        self.state = State.FINISHED
+        self._closing = True
+        self._release_engine()
+        self._out.put_nowait(None)
+
+    def _release_engine(self) -> None:
+        if self.handle is not None:
+            self.svc.engine.close(self.handle)  # frees the KV slot within one step
+            self.handle = None
+
+    # --- client events -----------------------------------------------------------------------
+
+    def _handle(self, event: P.ClientEvent) -> None:
+        if isinstance(event, P.Start):
+            self._start(event.request)
+            return
+        if self.state is State.AWAITING_START:
+            raise SessionError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' before 'start'")
+        if self.state is State.STOPPING:
+            raise SessionError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' after 'stop'")
+        if isinstance(event, P.Text):
+            self._text(event.text)
+        elif isinstance(event, P.Flush):
+            self._flush()
+        elif isinstance(event, P.Stop):
+            self._flush()
+            self.state = State.STOPPING
+            self._maybe_finish()
+        elif isinstance(event, P.Cancel):
+            self._cancel()
+
+    def _start(self, req: P.TTSRequest) -> None:
+        if self.state is not State.AWAITING_START:
+            raise SessionError(P.ErrorCode.OUT_OF_ORDER, "'start' was already received")
+        voice = self.svc.resolve_voice(req)  # raises SessionError(UNKNOWN_VOICE)
+        try:
+            self.encoder = AudioEncoder(
+                req.format, req.output_rate, self.svc.engine.sample_rate, req.mp3_bitrate, req.opus_bitrate,
+                speed=req.prosody.speed if req.prosody else 1.0,
+                volume_db=req.prosody.volume if req.prosody else 0.0,
+            )
+        except ValueError as e:
+            raise SessionError(P.ErrorCode.INVALID_FIELD, str(e)) from None
+        self.segmenter = TextSegmenter(req.chunk_length, min(req.min_chunk_length, req.chunk_length), req.latency)
+        self.request = req
+        try:
+            self.handle = self.svc.engine.open(voice, self.svc.stream_params(req), EngineSink(self, asyncio.get_running_loop()))
+        except Refused as e:
+            raise SessionError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+        self.state = State.PREPARING
+        if req.text:
+            self._text(req.text)
+
+    def _text(self, text: str) -> None:
+        if self.segmenter.buffered_chars + self.pending_chars + len(text) > self.limits.max_buffered_chars:
+            raise SessionError(P.ErrorCode.TOO_LARGE, f"more than {self.limits.max_buffered_chars} characters are waiting to be spoken")
+        self._say(self.segmenter.push(text))
+
+    def _say(self, segments: list[str]) -> None:
+        for segment in segments:
+            self.svc.engine.say(self.handle, self.turn, segment)
+            self.sent[self.turn] += 1
+            self.pending_chars += len(segment)
+            self.turn_started.setdefault(self.turn, time.perf_counter())
+
+    def _flush(self) -> None:
+        self._say(self.segmenter.flush())
+        if self.sent[self.turn]:
+            self.closed_turns.add(self.turn)
+            self._maybe_end_turn(self.turn)
+            self.turn += 1
+
+    def _cancel(self) -> None:
+        self.svc.engine.cancel(self.handle)
+        self.segmenter.clear()
+        unfinished = [t for t in self.sent if t not in self.cancelled and self.done[t] < self.sent[t]]
+        if self.sent[self.turn] and self.turn not in unfinished:
+            unfinished.append(self.turn)
+        self.cancelled.update(unfinished)
+        self.pending_chars = 0
+        last = max(unfinished) if unfinished else self.turn - 1
+        self._send({**P.cancelled_event(last), "turns": sorted(unfinished)})
+        if self.sent[self.turn]:
+            self.turn += 1
+
+    # --- engine events (on the loop) ---------------------------------------------------------
+
+    def on_ready(self, voice_cached: bool, prefill_ms: float) -> None:
+        if self.state is not State.PREPARING and self.state is not State.STOPPING:
+            return
+        if self.state is State.PREPARING:
+            self.state = State.READY
+        self.svc.metrics.open_to_ready.observe(time.perf_counter() - self.opened_at)
+        req = self.request
+        self._send(P.ready_event(self.id, req.output_rate, req.format, voice_cached, prefill_ms))
+
+    def on_audio(self, turn: int, pcm: np.ndarray) -> None:
+        if self._closing or turn in self.cancelled:
+            return
+        data = self.encoder.encode(pcm)
+        self.turn_audio[turn] += len(pcm)
+        started = self.turn_started.get(turn, self.opened_at)
+        if self.turn_audio[turn] == len(pcm):
+            self.svc.metrics.ttfa.observe(time.perf_counter() - started)
+        self.svc.metrics.audio_seconds += len(pcm) / self.svc.engine.sample_rate
+        if data:
+            self._send_audio(data, turn, (time.perf_counter() - started) * 1000)
+
+    def _send_audio(self, data: bytes, turn: int, gen_ms: float) -> None:
+        self.seq += 1
+        samples = self.encoder.samples_out
+        self._send(P.audio_event(data, turn, self.seq, samples, self.request.output_rate, gen_ms))
+
+    def on_segment_end(self, turn: int, reason: str) -> None:
+        if self._closing:
+            return
+        self.done[turn] += 1
+        if turn not in self.cancelled:
+            self.pending_chars = max(0, self.pending_chars - self._segment_chars_estimate(turn))
+            self._maybe_end_turn(turn)
+        self._maybe_finish()
+
+    def _segment_chars_estimate(self, turn: int) -> int:
+        # pending_chars only has to reach 0 when everything is spoken
+        return self.pending_chars if self._all_done() else 0
+
+    def on_engine_error(self, code: str, message: str) -> None:
+        try:
+            error = P.ErrorCode(code)
+        except ValueError:
+            error = P.ErrorCode.INTERNAL
+        self._fail(error, message)
+
+    # --- completion ----------------------------------------------------------------------
+
+    def _all_done(self) -> bool:
+        return all(self.done[t] >= n for t, n in self.sent.items() if t not in self.cancelled)
+
+    def _maybe_end_turn(self, turn: int) -> None:
+        if turn in self.closed_turns and turn not in self.cancelled and self.done[turn] >= self.sent[turn]:
+            self._send(P.turn_end_event(turn, self.turn_audio[turn] / self.svc.engine.sample_rate))
+
+    def _maybe_finish(self) -> None:
+        if self.state is not State.STOPPING or not self._all_done() or self._closing:
+            return
+        tail = self.encoder.flush()
+        if tail:
+            self._send_audio(tail, self.turn - 1, 0.0)
+        self._send(P.finish_event("stop"))
+        self._finish()

@@ -1,0 +1,110 @@
+"""Stored voices, kept on disk so they survive a restart.
+
+    <voices_dir>/<id>/voice.json   {"id", "name", "created", "references": [{"text", "frames"}]}
+    <voices_dir>/<id>/ref<i>.npy   the codec codes of reference i, int16 [C, frames]
+
+A voice is encoded once, when it is created; connections naming it (`reference_id`) get
+its codes without touching the reference audio again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.voice import ReferenceInput, VoiceInput
+
+VOICE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class VoiceStoreError(ValueError):
+    pass
+
+
+@dataclass(slots=True)
+class StoredVoice:
+    id: str
+    name: str
+    created: float
+    references: list[tuple[str, torch.Tensor]]  # (transcript, codes [C, frames])
+
+    def as_input(self) -> VoiceInput:
+        return VoiceInput(tuple(ReferenceInput(text, codes=codes) for text, codes in self.references))
+
+    def summary(self) -> dict:
+        return {
+            "id": self.id, "name": self.name, "created": self.created,
+            "references": [{"text": t, "frames": int(c.shape[1])} for t, c in self.references],
+        }
+
+
+class VoiceStore:
+    def __init__(self, root: Path, num_codebooks: int) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.num_codebooks = num_codebooks
+        self._lock = threading.Lock()
+        self._voices: dict[str, StoredVoice] = {}
+        for folder in sorted(self.root.iterdir()):
+            if (folder / "voice.json").exists():
+                try:
+                    voice = self._read(folder)
+                    self._voices[voice.id] = voice
+                except (OSError, ValueError, KeyError) as e:
+                    raise VoiceStoreError(f"{folder}: unreadable stored voice ({e})") from e
+
+    def _read(self, folder: Path) -> StoredVoice:
+        meta = json.loads((folder / "voice.json").read_text())
+        refs = [
+            (r["text"], torch.from_numpy(np.load(folder / f"ref{i}.npy").astype(np.int64)))
+            for i, r in enumerate(meta["references"])
+        ]
+        return StoredVoice(meta["id"], meta["name"], meta["created"], refs)
+
+    def list(self) -> list[dict]:
+        with self._lock:
+            return [v.summary() for v in self._voices.values()]
+
+    def get(self, voice_id: str) -> StoredVoice | None:
+        with self._lock:
+            return self._voices.get(voice_id)
+
+    def add(self, name: str, references: list[tuple[str, torch.Tensor]], voice_id: str | None = None) -> StoredVoice:
+        voice_id = voice_id or uuid.uuid4().hex
+        if not VOICE_ID.match(voice_id):
+            raise VoiceStoreError("voice id must be 1-64 letters, digits, '-' or '_'")
+        for _, codes in references:
+            if codes.ndim != 2 or codes.shape[0] != self.num_codebooks:
+                raise VoiceStoreError("reference codes do not match the model's codebooks")
+        voice = StoredVoice(voice_id, name, time.time(), references)
+        with self._lock:
+            if voice_id in self._voices:
+                raise VoiceStoreError(f"voice {voice_id!r} already exists")
+            self._write(voice)
+            self._voices[voice_id] = voice
+        return voice
+
+    def _write(self, voice: StoredVoice) -> None:
+        tmp = self.root / f".{voice.id}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for i, (_, codes) in enumerate(voice.references):
+            np.save(tmp / f"ref{i}.npy", codes.numpy().astype(np.int16))
+        (tmp / "voice.json").write_text(json.dumps(voice.summary(), ensure_ascii=False, indent=1))
+        tmp.rename(self.root / voice.id)  # appears whole or not at all
+
+    def delete(self, voice_id: str) -> bool:
+        with self._lock:
+            if self._voices.pop(voice_id, None) is None:
+                return False
+            shutil.rmtree(self.root / voice_id, ignore_errors=True)
+            return True

@@ -1,0 +1,82 @@
+"""A real uvicorn server on a free port, in a background thread, for integration tests.
+
+    with running_server(model="tiny", api_keys={"k"}) as srv:
+        srv.ws_url, srv.http_url, srv.app
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import uvicorn
+
+from engine.bundle import load_bundle
+from engine.engine import Engine, EngineConfig
+from realtime.app import build_app
+from realtime.config import ServiceConfig
+
+_BUNDLES: dict = {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bundle(model: str = "tiny"):
+    if model not in _BUNDLES:  # loading is the slow part: share it across servers
+        _BUNDLES[model] = load_bundle(model, "cpu")
+    return _BUNDLES[model]
+
+
+@dataclass
+class Server:
+    port: int
+    app: object
+    thread: threading.Thread
+    server: uvicorn.Server
+    config: ServiceConfig = field(repr=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/tts/live"
+
+    @property
+    def services(self):
+        return self.app.state.services
+
+
+@contextlib.contextmanager
+def running_server(tmp_path: Path, model: str = "tiny", engine: EngineConfig | None = None, **overrides):
+    port = free_port()
+    config = replace(ServiceConfig(port=port, model=model, voices_dir=tmp_path / "voices"), **overrides)
+    if engine is not None:
+        config = replace(config, engine=engine)
+    eng = Engine(bundle(model), config.engine)
+    app = build_app(config, eng)
+    uv = uvicorn.Server(uvicorn.Config(
+        app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", ws="websockets-sansio",
+        ws_max_size=config.limits.max_message_bytes, log_level="warning", lifespan="on",
+    ))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield Server(port, app, thread, uv, config)
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=20)
