@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from conftest import UPSTREAM
 from engine.checkpoint import CheckpointError, load_checkpoint, read_state_dict
 from engine.frame import decode_frame, new_window, push_window, sample_frame
-from engine.kv_cache import KVCache
+from engine.kv_cache import FastCache, KVCache
 from engine.prompt import PromptBuilder, Reference, Voice
 from engine.sampling import SamplingParams, SamplingTensors
 
@@ -27,15 +27,16 @@ def expected(layout):
 def greedy_frames(model, prompt, n):
     c = model.config
     kv = KVCache.allocate(c, 1, c.max_seq_len, "cpu", torch.float32)
+    fast = FastCache.allocate(c, 1, "cpu", torch.float32)
     params = SamplingTensors.from_params([SamplingParams(temperature=0.0)], "cpu")
     window = new_window(1, c.sampling_window, c.num_codebooks, "cpu")
     frame_index = torch.zeros(1, dtype=torch.long)
     head, fast_in = model.prefill(prompt, 0, 0, kv)
-    frame = sample_frame(model, kv, head, fast_in, params, window, frame_index)
+    frame = sample_frame(model, fast, head, fast_in, params, window, frame_index)
     frames, pos = [frame[0]], prompt.shape[1]
     while len(frames) < n and int(frame[0, 0]) != c.im_end_id:
         push_window(window, frame[:, 1:])
-        frame = decode_frame(model, kv, frame, torch.tensor([0]), torch.tensor([pos]), pos + 1, params, window, frame_index)
+        frame = decode_frame(model, kv, fast, frame, torch.tensor([0]), torch.tensor([pos]), pos + 1, params, window, frame_index)
         frames.append(frame[0])
         pos += 1
     return torch.stack(frames, dim=1)

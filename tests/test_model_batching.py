@@ -11,7 +11,7 @@ import torch
 from conftest import UPSTREAM
 from engine.checkpoint import load_checkpoint
 from engine.frame import decode_frame, new_window, push_window, sample_frame
-from engine.kv_cache import KVCache
+from engine.kv_cache import FastCache, KVCache
 from engine.prompt import PromptBuilder
 from engine.sampling import SamplingParams, SamplingTensors
 from test_checkpoint import greedy_frames
@@ -43,6 +43,8 @@ def test_batched_greedy_equals_each_stream_alone():
     assert all(a.shape[1] == N_FRAMES for a in alone)  # no early end with these weights
 
     kv = KVCache.allocate(c, max_running=4, max_len=c.max_seq_len, device="cpu", dtype=torch.float32)
+    fast = FastCache.allocate(c, 4, "cpu", torch.float32)  # decode batch scratch
+    prefill_fast = FastCache.allocate(c, 1, "cpu", torch.float32)
     win = lambda: new_window(1, c.sampling_window, c.num_codebooks, "cpu")
     # arbitrary KV rows; the third stream joins after 4 steps
     streams = [Stream(prompts[0], 2, 0, win()), Stream(prompts[1], 0, 0, win()), Stream(prompts[2], 3, 4, win())]
@@ -51,7 +53,7 @@ def test_batched_greedy_equals_each_stream_alone():
         for s in streams:
             if step == s.join_step:  # prefill: the first frame comes from the prompt
                 head, fast_in = model.prefill(s.prompt, s.slot, 0, kv)
-                s.frames.append(sample_frame(model, kv, head, fast_in, one, s.window, torch.zeros(1, dtype=torch.long))[0])
+                s.frames.append(sample_frame(model, prefill_fast, head, fast_in, one, s.window, torch.zeros(1, dtype=torch.long))[0])
                 s.pos = s.prompt.shape[1]
         live = [s for s in streams if s.join_step < step and len(s.frames) < N_FRAMES]
         if not live:
@@ -65,7 +67,7 @@ def test_batched_greedy_equals_each_stream_alone():
         windows = torch.cat([s.window for s in live] + [live[0].window])
         frame_index = torch.tensor([len(s.frames) for s in live] + [0]) - 1
         params = SamplingTensors.from_params([GREEDY] * (len(live) + 1), "cpu")
-        out = decode_frame(model, kv, tokens, slots, positions, int(positions.max()) + 1, params, windows, frame_index)
+        out = decode_frame(model, kv, fast, tokens, slots, positions, int(positions.max()) + 1, params, windows, frame_index)
         for j, s in enumerate(live):
             s.frames.append(out[j])
             s.pos += 1
