@@ -89,7 +89,7 @@ class EngineStream:
         p = self.params.sampling
         self.segments += 1
         seed = (p.seed * 1_000_003 + self.segments * 7919) % 2**31
-        return SamplingParams(p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.ras, seed)
+        return SamplingParams(p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.ras, seed, p.allow_end)
 
     # codec worker callbacks
     def audio(self, turn: int, pcm: np.ndarray) -> None:

@@ -40,6 +40,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # S1-style penalty over the window; 1.0 = off
     ras: bool = True  # S2 repetition-aware resampling of the semantic token
     seed: int = 0
+    allow_end: bool = True  # False: end-of-speech is never sampled (fixed-length runs)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 2.0:
@@ -68,6 +69,7 @@ class SamplingTensors:
     repetition_penalty: Tensor  # [B] float32
     ras: Tensor  # [B] bool
     seed: Tensor  # [B] int64
+    allow_end: Tensor  # [B] bool
 
     @classmethod
     def allocate(cls, batch: int, device: torch.device | str) -> "SamplingTensors":
@@ -79,6 +81,7 @@ class SamplingTensors:
             repetition_penalty=torch.ones(batch, dtype=torch.float32, **z),
             ras=torch.zeros(batch, dtype=torch.bool, **z),
             seed=torch.zeros(batch, dtype=torch.int64, **z),
+            allow_end=torch.ones(batch, dtype=torch.bool, **z),
         )
 
     def gather(self, idx: Tensor) -> "SamplingTensors":
@@ -90,7 +93,7 @@ class SamplingTensors:
         return SamplingTensors(*(getattr(self, f)[sl] for f in _FIELDS))
 
     def set_row(self, row: int, p: SamplingParams) -> None:
-        values = (p.temperature, p.top_p, p.top_k or MAX_TOP_K, p.repetition_penalty, p.ras, p.seed)
+        values = (p.temperature, p.top_p, p.top_k or MAX_TOP_K, p.repetition_penalty, p.ras, p.seed, p.allow_end)
         for name, value in zip(_FIELDS, values):
             getattr(self, name)[row] = value
 
@@ -105,10 +108,11 @@ class SamplingTensors:
             ),
             ras=torch.tensor([p.ras for p in params], dtype=torch.bool, device=device),
             seed=torch.tensor([p.seed for p in params], dtype=torch.int64, device=device),
+            allow_end=torch.tensor([p.allow_end for p in params], dtype=torch.bool, device=device),
         )
 
 
-_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "ras", "seed")
+_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "ras", "seed", "allow_end")
 _MASK32 = 0xFFFFFFFF
 
 
@@ -184,6 +188,8 @@ def sample_semantic(
     head rows: < num_semantic is a semantic code, == num_semantic is end-of-speech."""
     presence = window_presence(window, logits.shape[-1])
     logits = apply_repetition_penalty(logits.float(), presence, params.repetition_penalty)
+    end_blocked = ~params.allow_end[:, None] & (torch.arange(logits.shape[-1], device=logits.device) == num_semantic)
+    logits = logits.masked_fill(end_blocked, float("-inf"))
     normal = _draw(logits, params.temperature, params.top_p, params.top_k, params.seed, step, 0)
     hot = _draw(
         logits, torch.full_like(params.temperature, RAS_TEMPERATURE),

@@ -26,6 +26,7 @@ class ServiceConfig:
     ready_timeout_s: float = 120.0  # open-to-ready longer than this is an error
     max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection (slow readers)
     demo_page: bool = True
+    ignore_end: bool = False  # fixed-length mode for random-weight benchmarks and tests
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -54,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--max-reference-seconds", type=float, default=30.0)
     p.add_argument("--max-new-tokens", type=int, default=2048, help="upper bound clients may ask for (frames per segment)")
     p.add_argument("--no-demo", action="store_true", help="do not serve the browser demo at /")
+    p.add_argument("--ignore-end", action="store_true",
+                   help="fixed-length mode: never sample end-of-speech, every segment is max_new_tokens frames (random-weight benchmarks)")
     a = p.parse_args(argv)
     keys = set(a.api_key) | {k.strip() for k in os.environ.get("REALTIME_API_KEYS", "").split(",") if k.strip()}
     return ServiceConfig(
@@ -74,4 +77,5 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
         voices_dir=Path(a.voices_dir),
         idle_timeout_s=a.idle_timeout,
         demo_page=not a.no_demo,
+        ignore_end=a.ignore_end,
     )

@@ -91,8 +91,8 @@ class Prosody:
 
 @dataclass(slots=True)
 class TTSRequest:
-    """The Fish `TTSRequest`, validated. Fields are the SDK's, with its defaults; `top_k`
-    and `seed` are extensions."""
+    """The Fish `TTSRequest`, validated. Fields are the SDK's, with its defaults; `top_k`,
+    `seed` and `ignore_end` (benchmarks with random weights) are extensions."""
 
     text: str = ""
     chunk_length: int = 200
@@ -114,6 +114,7 @@ class TTSRequest:
     early_stop_threshold: float = 1.0
     top_k: int = 30
     seed: int | None = None
+    ignore_end: bool = False  # fixed-length mode: always max_new_tokens frames per segment
 
     @property
     def output_rate(self) -> int:
@@ -244,6 +245,7 @@ def parse_request(d: Any, limits: Limits, json_body: bool = False) -> TTSRequest
         early_stop_threshold=_float(d, "early_stop_threshold", 1.0, 0.0, 1.0),
         top_k=_int(d, "top_k", 30, 0, 128),
         seed=_int(d, "seed", None, 0, 2**31 - 1),
+        ignore_end=_bool(d, "ignore_end", False),
     )
     if req.sample_rate is not None and req.sample_rate not in SAMPLE_RATES[fmt]:
         raise _bad(f"sample_rate {req.sample_rate} is not supported for {fmt}; use one of {SAMPLE_RATES[fmt]}")

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from enum import Enum
 
 import numpy as np
@@ -89,6 +89,7 @@ class LiveSession:
         self.turn_started: dict[int, float] = {}  # first segment handed over
         self.turn_audio: Counter[int] = Counter()  # output samples per turn
         self.pending_chars = 0  # handed to the engine, not yet spoken
+        self._segment_chars: deque[int] = deque()  # lengths of unfinished segments, in order
         self.seq = 0
         self.opened_at = time.perf_counter()
         self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -244,6 +245,7 @@ class LiveSession:
             self.svc.engine.say(self.handle, self.turn, segment)
             self.sent[self.turn] += 1
             self.pending_chars += len(segment)
+            self._segment_chars.append(len(segment))
             self.turn_started.setdefault(self.turn, time.perf_counter())
 
     def _flush(self) -> None:
@@ -261,6 +263,7 @@ class LiveSession:
             unfinished.append(self.turn)
         self.cancelled.update(unfinished)
         self.pending_chars = 0
+        self._segment_chars.clear()
         last = max(unfinished) if unfinished else self.turn - 1
         self._send({**P.cancelled_event(last), "turns": sorted(unfinished)})
         if self.sent[self.turn]:
@@ -299,13 +302,10 @@ class LiveSession:
             return
         self.done[turn] += 1
         if turn not in self.cancelled:
-            self.pending_chars = max(0, self.pending_chars - self._segment_chars_estimate(turn))
+            # segments of a stream finish in the order they were handed over
+            self.pending_chars -= self._segment_chars.popleft() if self._segment_chars else 0
             self._maybe_end_turn(turn)
         self._maybe_finish()
-
-    def _segment_chars_estimate(self, turn: int) -> int:
-        # pending_chars only has to reach 0 when everything is spoken
-        return self.pending_chars if self._all_done() else 0
 
     def on_engine_error(self, code: str, message: str) -> None:
         try:

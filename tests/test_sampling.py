@@ -139,3 +139,16 @@ def test_window_contract_is_strict():
         push_window(window, torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="integer"):
         push_window(window, torch.zeros(2, 3))
+
+
+def test_end_of_speech_can_be_blocked_for_fixed_length_runs():
+    num_semantic = V - 1
+    logits = torch.full((4, V), -5.0)
+    logits[:, num_semantic] = 10.0  # end-of-speech is by far the likeliest
+    w = empty_window(4)
+    steps = torch.arange(4)
+    assert (sample_semantic(logits, params(4, temperature=1.0), w, steps, num_semantic) == num_semantic).all()
+    blocked = sample_semantic(logits, params(4, temperature=1.0, allow_end=False), w, steps, num_semantic)
+    assert (blocked < num_semantic).all()
+    greedy = sample_semantic(logits, params(4, temperature=0.0, allow_end=False), w, steps, num_semantic)
+    assert (greedy < num_semantic).all()

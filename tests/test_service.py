@@ -1,0 +1,412 @@
+"""The service end to end: a real uvicorn server on a free port, the official Fish SDK
+and raw WebSocket clients, real encoders and decoders."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+
+import av
+import httpx
+import msgpack
+import numpy as np
+import pytest
+import websockets
+
+from engine.engine import EngineConfig
+from engine.audio import wav_bytes
+from server import running_server
+
+HOP, RATE = 2048, 44100
+FRAMES = 12  # max_new_tokens in most tests
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    # fixed-length mode: the random tiny model could say end-of-speech at any frame;
+    # with ignore_end every segment is exactly max_new_tokens frames
+    with running_server(tmp_path_factory.mktemp("srv"), engine=EngineConfig(max_running=10, max_queued=4, max_len=2048),
+                        ignore_end=True) as s:
+        yield s
+
+
+def decode(data: bytes) -> tuple[str, int, np.ndarray]:
+    with av.open(io.BytesIO(data)) as c:
+        stream = c.streams.audio[0]
+        pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(stream)])
+        return stream.codec_context.name, stream.rate, pcm
+
+
+# --- a raw client -------------------------------------------------------------------------
+
+async def session(url, request, *events, headers=None, until="finish", timeout=60):
+    """Send start + events, collect every server event until `until` (or the close)."""
+    received = []
+    async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
+        await ws.send(msgpack.packb({"event": "start", "request": request}))
+        for e in events:
+            await ws.send(e if isinstance(e, bytes) else msgpack.packb(e))
+        try:
+            async with asyncio.timeout(timeout):
+                async for frame in ws:
+                    event = msgpack.unpackb(frame)
+                    received.append(event)
+                    if event["event"] == until:
+                        break
+        except websockets.ConnectionClosed:
+            pass
+    return received
+
+
+def audio_of(events):
+    return b"".join(e["audio"] for e in events if e["event"] == "audio")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+TEXT = [{"event": "text", "text": "Hello there, this is the service speaking."}, {"event": "stop"}]
+
+
+# --- the official SDK -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "mp3", "opus"])
+def test_official_sdk_streams_every_format(srv, fmt):
+    from fishaudio import FishAudio, TTSConfig
+
+    client = FishAudio(api_key="anything", base_url=srv.http_url)
+    chunks = list(client.tts.stream_websocket(
+        iter(["Hello there, ", "this is the Fish SDK ", "talking to our service."]),
+        format=fmt, config=TTSConfig(max_new_tokens=FRAMES, chunk_length=100), model="s2-pro",
+    ))
+    data = b"".join(chunks)
+    assert len(chunks) > 1  # streamed, not one blob
+    if fmt == "pcm":
+        assert len(data) == 2 * FRAMES * HOP  # s16le mono, one segment of FRAMES frames
+        return
+    codec, rate, pcm = decode(data)
+    assert (codec, rate) == {"wav": ("pcm_s16le", RATE), "mp3": ("mp3float", RATE), "opus": ("opus", 48000)}[fmt]
+    expected = FRAMES * HOP / RATE
+    assert abs(len(pcm) / rate - expected) < 0.06, (len(pcm) / rate, expected)
+
+
+def test_official_sdk_async(srv):
+    from fishaudio import AsyncFishAudio, TTSConfig
+
+    async def main():
+        client = AsyncFishAudio(api_key="anything", base_url=srv.http_url)
+
+        async def words():
+            for w in "Async streaming works too.".split():
+                yield w + " "
+
+        return [c async for c in client.tts.stream_websocket(words(), format="pcm", config=TTSConfig(max_new_tokens=FRAMES))]
+
+    assert len(b"".join(run(main()))) == 2 * FRAMES * HOP
+
+
+def test_official_sdk_http(srv):
+    from fishaudio import FishAudio, TTSConfig
+
+    client = FishAudio(api_key="anything", base_url=srv.http_url)
+    data = client.tts.convert(text="The HTTP endpoint. It streams too.", format="wav", config=TTSConfig(max_new_tokens=FRAMES))
+    codec, rate, pcm = decode(data)
+    # both sentences are shorter than min_chunk_length (50): one segment of FRAMES frames
+    assert codec == "pcm_s16le" and rate == RATE and len(pcm) == FRAMES * HOP
+
+
+# --- protocol behaviour ------------------------------------------------------------------------
+
+def test_ready_turns_and_extensions(srv):
+    events = run(session(srv.ws_url, {"format": "pcm", "max_new_tokens": FRAMES, "sample_rate": 16000},
+                         {"event": "text", "text": "First turn."}, {"event": "flush"},
+                         {"event": "text", "text": "Second turn."}, {"event": "flush"}, {"event": "stop"}))
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "ready" and kinds[-1] == "finish" and events[-1]["reason"] == "stop"
+    ends = [e for e in events if e["event"] == "turn_end"]
+    assert [e["turn"] for e in ends] == [1, 2]
+    audio = [e for e in events if e["event"] == "audio"]
+    assert {e["turn"] for e in audio} == {1, 2} and all(e["sample_rate"] == 16000 for e in audio)
+    assert [e["seq"] for e in audio] == list(range(1, len(audio) + 1))
+    # 16 kHz PCM: FRAMES frames per turn, resampled
+    assert abs(len(audio_of(events)) / 2 - 2 * FRAMES * HOP * 16000 / RATE) < 64
+
+
+def test_eight_concurrent_connections_all_get_audio(srv):
+    async def one(i):
+        return await session(srv.ws_url, {"format": "pcm", "max_new_tokens": FRAMES, "seed": i},
+                             {"event": "text", "text": f"Connection number {i} says hello."}, {"event": "stop"})
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    results = run(main())
+    for events in results:
+        assert events[-1] == {"event": "finish", "reason": "stop"}
+        assert len(audio_of(events)) == 2 * FRAMES * HOP
+    # different seeds: different audio (no cross-talk of one stream's tokens into another)
+    assert len({audio_of(e) for e in results}) == 8
+
+
+def test_same_seed_gives_the_same_audio_alone_or_in_a_crowd(srv):
+    req = {"format": "pcm", "max_new_tokens": FRAMES, "seed": 1234}
+    say = [{"event": "text", "text": "Determinism check."}, {"event": "stop"}]
+    alone = audio_of(run(session(srv.ws_url, req, *say)))
+
+    async def crowd():
+        others = [session(srv.ws_url, {**req, "seed": s}, *say) for s in (1, 2, 3)]
+        return await asyncio.gather(session(srv.ws_url, req, *say), *others)
+
+    together = audio_of(run(crowd())[0])
+    assert len(together) == len(alone)
+    # the same tokens; the codec's batched convolutions may round differently (a few LSB),
+    # while different tokens would differ at full scale
+    diff = np.abs(np.frombuffer(together, "<i2").astype(int) - np.frombuffer(alone, "<i2"))
+    assert diff.max() < 300, diff.max()
+
+
+def test_cancel_drops_the_turn_and_the_voice_stays_ready(srv):
+    async def main():
+        events = []
+        async with websockets.connect(srv.ws_url) as ws:
+            await ws.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 200}}))
+            await ws.send(msgpack.packb({"event": "text", "text": "A long turn that will be interrupted."}))
+            await ws.send(msgpack.packb({"event": "flush"}))
+            cancelled_at = None
+            async for frame in ws:
+                e = msgpack.unpackb(frame)
+                events.append(e)
+                if e["event"] == "audio" and e["turn"] == 1 and cancelled_at is None and e["seq"] >= 3:
+                    await ws.send(msgpack.packb({"event": "cancel"}))
+                    cancelled_at = len(events)
+                if e["event"] == "cancelled":
+                    await ws.send(msgpack.packb({"event": "text", "text": "The next turn."}))
+                    await ws.send(msgpack.packb({"event": "stop"}))
+                if e["event"] == "finish":
+                    break
+        return events
+
+    events = run(main())
+    ack = next(i for i, e in enumerate(events) if e["event"] == "cancelled")
+    assert events[ack]["turn"] == 1
+    after = events[ack + 1 :]
+    assert not [e for e in after if e["event"] == "audio" and e["turn"] == 1]  # nothing of turn 1 after the ack
+    turn1 = sum(len(e["audio"]) for e in events[:ack] if e["event"] == "audio")
+    assert turn1 < 2 * 200 * HOP  # cut short
+    turn2 = [e for e in after if e["event"] == "audio" and e["turn"] == 2]
+    assert sum(len(e["audio"]) for e in turn2) == 2 * 200 * HOP and events[-1]["reason"] == "stop"
+
+
+def test_disconnect_mid_utterance_frees_the_slot(tmp_path):
+    # one slot; a second connection waits in the queue until the first one's slot is free
+    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_queued=1, max_len=2048), ignore_end=True) as s:
+        async def main():
+            ws = await websockets.connect(s.ws_url)
+            await ws.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 2000}}))
+            await ws.send(msgpack.packb({"event": "text", "text": "Talk for a long time."}))
+            await ws.send(msgpack.packb({"event": "flush"}))
+            while msgpack.unpackb(await ws.recv())["event"] != "audio":
+                pass
+            await ws.close()
+            t0 = time.monotonic()
+            # the only slot must free up right away: a new connection gets audio
+            events = await session(s.ws_url, {"format": "pcm", "max_new_tokens": 4},
+                                   {"event": "text", "text": "Next!"}, {"event": "stop"})
+            return events, time.monotonic() - t0
+
+        events, elapsed = run(main())
+        assert events[-1] == {"event": "finish", "reason": "stop"} and len(audio_of(events)) == 2 * 4 * HOP
+        assert elapsed < 5
+        stats = s.services.engine.stats()
+        assert stats["streams_decoding"] == 0 and stats["streams_queued"] == 0
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def expect_error(events, code, fragment):
+    errors = [e for e in events if e["event"] == "error"]
+    assert errors, f"no error event in {events}"
+    assert errors[0]["code"] == code and fragment in errors[0]["message"], errors[0]
+    assert events[-1]["event"] == "finish" and events[-1]["reason"] == "error"
+
+
+async def raw_frames(url, *frames):
+    events = []
+    async with websockets.connect(url, max_size=None) as ws:
+        for f in frames:
+            await ws.send(f)
+        try:
+            async for frame in ws:
+                events.append(msgpack.unpackb(frame))
+                if events[-1]["event"] == "finish":
+                    break
+        except websockets.ConnectionClosed:
+            pass
+    return events
+
+
+START = msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 4}})
+
+
+@pytest.mark.parametrize("frames, code, fragment", [
+    ([b"\xc1not msgpack"], "bad_message", "not valid MessagePack"),
+    ([msgpack.packb([1, 2, 3])], "bad_message", "a map with a string 'event'"),
+    ([START, msgpack.packb({"event": "dance"})], "unknown_event", "'dance'"),
+    ([msgpack.packb({"event": "text", "text": "hi"})], "out_of_order", "'text' before 'start'"),
+    ([START, START], "out_of_order", "already received"),
+    ([START, msgpack.packb({"event": "text", "text": 42})], "invalid_field", "text must be a string"),
+    ([msgpack.packb({"event": "start", "request": {"format": "flac"}})], "invalid_field", "format must be one of"),
+    ([msgpack.packb({"event": "start", "request": {"temperature": "hot"}})], "invalid_field", "temperature must be a number"),
+    ([msgpack.packb({"event": "start", "request": {"top_p": 3.0}})], "invalid_field", "top_p must be in [0.0, 1.0]"),
+    ([msgpack.packb({"event": "start", "request": {"format": "opus", "sample_rate": 16000}})], "invalid_field", "not supported for opus"),
+    ([msgpack.packb({"event": "start", "request": {"chunk_length": 5000}})], "invalid_field", "chunk_length must be in [100, 300]"),
+    ([msgpack.packb({"event": "start", "request": {"max_new_tokens": 10**6}})], "invalid_field", "max_new_tokens must be in"),
+    ([msgpack.packb({"event": "start", "request": {"reference_id": "nope"}})], "unknown_voice", "'nope'"),
+    ([msgpack.packb({"event": "start", "request": {"references": [{"audio": b"garbage bytes", "text": "hi"}]}})], "bad_audio", ""),
+    ([msgpack.packb({"event": "start", "request": {"references": [{"audio": b"x", "text": ""}]}})], "invalid_field", "transcript"),
+    ([START, msgpack.packb({"event": "text", "text": "x" * 20_000})], "too_large", "longer than"),
+])
+def test_bad_input_gets_a_clear_error_and_others_keep_going(srv, frames, code, fragment):
+    async def main():
+        healthy = asyncio.create_task(session(srv.ws_url, {"format": "pcm", "max_new_tokens": FRAMES},
+                                              {"event": "text", "text": "I keep talking."}, {"event": "stop"}))
+        bad = await raw_frames(srv.ws_url, *frames)
+        return bad, await healthy
+
+    bad, healthy = run(main())
+    expect_error(bad, code, fragment)
+    assert healthy[-1] == {"event": "finish", "reason": "stop"} and len(audio_of(healthy)) == 2 * FRAMES * HOP
+
+
+def test_text_frames_and_oversized_frames(tmp_path):
+    from dataclasses import replace
+
+    from realtime.protocol import Limits
+
+    with running_server(tmp_path, limits=replace(Limits(), max_message_bytes=4096)) as s:
+        async def main():
+            async with websockets.connect(s.ws_url) as ws:
+                await ws.send("a text frame")
+                text = [msgpack.unpackb(f) async for f in ws]
+            big = await session(s.ws_url, {"format": "pcm", "references": [{"audio": b"x" * 8000, "text": "t"}]})
+            return text, big
+
+        text, big = run(main())
+        expect_error(text, "bad_message", "binary MessagePack")
+        # over ws_max_size the server closes with 1009 before any event: either way, no audio
+        assert not audio_of(big)
+
+
+def test_undecodable_reference_audio_on_start(srv):
+    wav = wav_bytes(np.zeros(0, dtype=np.float32), RATE)  # a valid file with no samples
+    events = run(session(srv.ws_url, {"format": "pcm", "references": [{"audio": wav, "text": "silence"}]}))
+    expect_error(events, "bad_audio", "")
+
+
+def test_buffered_text_limit(tmp_path):
+    from dataclasses import replace
+
+    from realtime.protocol import Limits
+
+    with running_server(tmp_path, limits=replace(Limits(), max_buffered_chars=100)) as s:
+        events = run(session(s.ws_url, {"format": "pcm", "max_new_tokens": 4},
+                             *[{"event": "text", "text": "word " * 10} for _ in range(5)]))
+        expect_error(events, "too_large", "waiting to be spoken")
+
+
+def test_server_full_is_refused_clearly(tmp_path):
+    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_queued=0, max_len=1024)) as s:
+        async def main():
+            async with websockets.connect(s.ws_url) as holder:
+                await holder.send(msgpack.packb({"event": "start", "request": {"format": "pcm"}}))
+                assert msgpack.unpackb(await holder.recv())["event"] == "ready"
+                return await session(s.ws_url, {"format": "pcm"})
+
+        expect_error(run(main()), "busy", "server busy")
+
+
+# --- API keys -----------------------------------------------------------------------------
+
+def test_api_keys(tmp_path):
+    with running_server(tmp_path, api_keys=frozenset({"secret"}), ignore_end=True) as s:
+        async def refused(headers):
+            with pytest.raises(websockets.InvalidStatus) as info:
+                async with websockets.connect(s.ws_url, additional_headers=headers):
+                    pass
+            return info.value.response.status_code
+
+        assert run(refused({})) == 403
+        assert run(refused({"Authorization": "Bearer wrong"})) == 403
+        ok = run(session(s.ws_url, {"format": "pcm", "max_new_tokens": 4}, {"event": "text", "text": "Hi."},
+                         {"event": "stop"}, headers={"Authorization": "Bearer secret"}))
+        assert ok[-1]["reason"] == "stop" and audio_of(ok)
+        query = run(session(s.ws_url + "?api_key=secret", {"format": "pcm", "max_new_tokens": 4},
+                            {"event": "text", "text": "Hi."}, {"event": "stop"}))
+        assert query[-1]["reason"] == "stop"
+        r = httpx.post(f"{s.http_url}/v1/tts", content=msgpack.packb({"text": "hi"}),
+                       headers={"content-type": "application/msgpack"})
+        assert r.status_code == 401
+        assert httpx.get(f"{s.http_url}/v1/voices").status_code == 401
+        assert httpx.get(f"{s.http_url}/v1/health").status_code == 200
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+def test_http_tts_msgpack_json_and_errors(srv):
+    body = {"text": "Over plain HTTP.", "format": "wav", "max_new_tokens": FRAMES}
+    r = httpx.post(f"{srv.http_url}/v1/tts", content=msgpack.packb(body), headers={"content-type": "application/msgpack"})
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
+    assert len(decode(r.content)[2]) == FRAMES * HOP
+    whole = httpx.post(f"{srv.http_url}/v1/tts?stream=false", json={**body, "format": "pcm"})
+    assert whole.status_code == 200 and len(whole.content) == 2 * FRAMES * HOP
+    finalized = httpx.post(f"{srv.http_url}/v1/tts?stream=false", json=body).content
+    assert int.from_bytes(finalized[40:44], "little") == 2 * FRAMES * HOP  # real data size in the header
+    bad = httpx.post(f"{srv.http_url}/v1/tts", json={"text": "x", "format": "flac"})
+    assert bad.status_code == 400 and bad.json()["error"] == "invalid_field"
+    empty = httpx.post(f"{srv.http_url}/v1/tts", json={"text": "   "})
+    assert empty.status_code == 400 and "empty" in empty.json()["message"]
+    garbage = httpx.post(f"{srv.http_url}/v1/tts", content=b"\xc1\xc1", headers={"content-type": "application/msgpack"})
+    assert garbage.status_code == 400 and garbage.json()["error"] == "bad_message"
+
+
+def test_stored_voices_survive_a_restart(tmp_path):
+    t = np.arange(RATE) / RATE
+    ref = wav_bytes((0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), RATE)
+    import base64
+
+    with running_server(tmp_path) as s:
+        r = httpx.post(f"{s.http_url}/v1/voices", json={
+            "name": "hum", "id": "hum-1", "references": [{"audio": base64.b64encode(ref).decode(), "text": "A hum."}]})
+        assert r.status_code == 201, r.text
+        assert r.json()["references"][0]["frames"] == 22  # ceil(44100 / 2048)
+        dup = httpx.post(f"{s.http_url}/v1/voices", content=msgpack.packb({"id": "hum-1", "references": [{"audio": ref, "text": "x"}]}),
+                         headers={"content-type": "application/msgpack"})
+        assert dup.status_code == 400 and "already exists" in dup.json()["message"]
+        bad = httpx.post(f"{s.http_url}/v1/voices", json={"references": [{"audio": base64.b64encode(b"junk").decode(), "text": "x"}]})
+        assert bad.status_code == 400 and bad.json()["error"] == "bad_audio"
+    with running_server(tmp_path, ignore_end=True) as s:  # same voices_dir: a restart
+        assert [v["id"] for v in httpx.get(f"{s.http_url}/v1/voices").json()["voices"]] == ["hum-1"]
+        first = run(session(s.ws_url, {"format": "pcm", "reference_id": "hum-1", "max_new_tokens": 4},
+                            {"event": "text", "text": "In the stored voice."}, {"event": "stop"}))
+        second = run(session(s.ws_url, {"format": "pcm", "reference_id": "hum-1", "max_new_tokens": 4},
+                             {"event": "text", "text": "Again."}, {"event": "stop"}))
+        assert first[0]["event"] == "ready" and first[0]["voice_cached"] is False
+        assert second[0]["voice_cached"] is True  # the prefilled prefix is reused
+        assert audio_of(first) and audio_of(second)
+        assert httpx.delete(f"{s.http_url}/v1/voices/hum-1").status_code == 204
+        assert httpx.delete(f"{s.http_url}/v1/voices/hum-1").status_code == 404
+
+
+def test_health_and_metrics(srv):
+    health = httpx.get(f"{srv.http_url}/v1/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny" and health["sample_rate"] == RATE
+    run(session(srv.ws_url, {"format": "pcm", "max_new_tokens": 4}, {"event": "text", "text": "Metrics."}, {"event": "stop"}))
+    text = httpx.get(f"{srv.http_url}/metrics").text
+    for name in ("realtime_sessions_total", "realtime_ttfa_seconds_count", "engine_frames_total",
+                 "engine_frames_per_second", "engine_streams_decoding", "realtime_errors_total"):
+        assert name in text
+    count = next(line for line in text.splitlines() if line.startswith("realtime_ttfa_seconds_count"))
+    assert int(count.split()[1]) >= 1
