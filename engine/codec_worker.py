@@ -99,6 +99,7 @@ class CodecWorker:
 
     @torch.inference_mode()
     def _decode(self, run: list[_Frame]) -> None:
+        run = [f for f in run if f.owner.wanted(f.turn)]  # closed or cancelled: skip the work
         if not run:
             return
         per_slot: OrderedDict[int, list[_Frame]] = OrderedDict()

@@ -83,6 +83,8 @@ class EngineStream:
         self.closed = False
         self.segments = 0
         self.sched: Stream | None = None
+        self.latest_turn = 0  # highest turn handed to say()
+        self.dropped_below = 0  # audio of turns below this was cancelled
 
     def sampling_for_next_segment(self) -> SamplingParams:
         # a different noise stream per segment, still reproducible from the seed
@@ -91,13 +93,16 @@ class EngineStream:
         seed = (p.seed * 1_000_003 + self.segments * 7919) % 2**31
         return SamplingParams(p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.ras, seed, p.allow_end)
 
+    def wanted(self, turn: int) -> bool:
+        return not self.closed and turn >= self.dropped_below
+
     # codec worker callbacks
     def audio(self, turn: int, pcm: np.ndarray) -> None:
-        if not self.closed:
+        if self.wanted(turn):
             self.sink.on_audio(turn, pcm)
 
     def segment_end(self, turn: int, reason: str) -> None:
-        if not self.closed:
+        if self.wanted(turn):
             self.sink.on_segment_end(turn, reason)
 
 
@@ -166,10 +171,14 @@ class Engine:
         if not text.strip():
             raise ValueError("say() needs text")
         with self._lock:
+            handle.latest_turn = max(handle.latest_turn, turn)
             self.sched.say(handle.sched, Segment(turn, text))
             self._lock.notify_all()
 
     def cancel(self, handle: EngineStream) -> None:
+        """Barge-in: drop every turn handed over so far; no more of their audio arrives
+        (queued codec work for them is skipped)."""
+        handle.dropped_below = handle.latest_turn + 1
         with self._lock:
             self.sched.cancel(handle.sched)
             self._lock.notify_all()

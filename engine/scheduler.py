@@ -174,9 +174,10 @@ class Scheduler:
         if stream.phase is Phase.DECODING:
             stream.current = None
             stream.phase = Phase.IDLE
-        if stream in self.segment_work:
-            self.segment_work.remove(stream)
-            stream.prefill_busy = False
+        for work in (self.segment_work, self.voice_work):  # queued, not started: drop it
+            if stream in work:
+                work.remove(stream)
+                stream.prefill_busy = False
         self._try_release(stream)
 
     # --- prefill thread ---------------------------------------------------------------

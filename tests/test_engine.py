@@ -1,0 +1,161 @@
+"""The engine with its threads: batched decoding gives each stream exactly the frames it
+gets alone (greedy), also when streams join and leave mid-flight; cancel and close free
+the slot within a step; a voice prefix is reused from the cache."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import UPSTREAM
+from engine.bundle import ModelBundle, load_bundle
+from engine.checkpoint import load_checkpoint
+from engine.engine import Engine, EngineConfig, StreamParams
+from engine.generate import GenerateOptions, Synthesizer
+from engine.prompt import PromptBuilder
+from engine.sampling import SamplingParams
+from engine.voice import ReferenceInput, VoiceInput
+
+GREEDY = SamplingParams(temperature=0.0)
+TEXTS = ["Hello there.", "A somewhat longer sentence, with a clause.", "Short!", "Numbers: 1, 2, 3."]
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    """The upstream-parity S2 checkpoint (fp32) with the tiny codec (4 codebooks)."""
+    model, tok = load_checkpoint(UPSTREAM / "s2", "cpu", torch.float32)
+    codec = load_bundle("tiny", "cpu").codec
+    return ModelBundle("s2-fixture", model, tok, codec, PromptBuilder(tok, model.config), 0.0)
+
+
+class Recorder:
+    def __init__(self):
+        self.frames, self.audio, self.ends, self.errors = [], [], [], []
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.expected_ends = 1
+
+    def on_ready(self, cached, ms):
+        self.cached = cached
+        self.ready.set()
+
+    def on_audio(self, turn, pcm):
+        self.audio.append((turn, pcm))
+
+    def on_segment_end(self, turn, reason):
+        self.ends.append((turn, reason))
+        if len(self.ends) >= self.expected_ends:
+            self.done.set()
+
+    def on_error(self, code, message):
+        self.errors.append((code, message))
+        self.done.set()
+
+
+def tap_frames(engine):
+    """Record each stream's code frames on their way to the codec (a spy on the real worker)."""
+    forward = engine.codec.frame
+
+    def frame(owner, slot, turn, codes):
+        owner.sink.frames.append(np.array(codes))
+        forward(owner, slot, turn, codes)
+
+    engine.codec.frame = frame
+
+
+def alone(bundle, text, n):
+    synth = Synthesizer(bundle, max_len=512)
+    return [f.numpy() for f in synth.frames([text], None, GREEDY, GenerateOptions(max_frames=n))]
+
+
+def test_batched_streams_get_exactly_their_single_stream_frames(bundle):
+    n = 16
+    expected = [alone(bundle, t, n) for t in TEXTS]
+    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=0, max_len=512)).start()
+    tap_frames(engine)
+    try:
+        sinks = [Recorder() for _ in TEXTS]
+        handles = [engine.open(VoiceInput(), StreamParams(GREEDY, frame_budget=n), s) for s in sinks]
+        for s in sinks:
+            assert s.ready.wait(10)
+        engine.say(handles[0], 1, TEXTS[0])
+        engine.say(handles[1], 1, TEXTS[1])
+        time.sleep(0.05)  # streams 2 and 3 join while 0 and 1 are decoding
+        engine.say(handles[2], 1, TEXTS[2])
+        engine.say(handles[3], 1, TEXTS[3])
+        for s in sinks:
+            assert s.done.wait(30) and not s.errors
+        for s, exp in zip(sinks, expected):
+            assert len(s.frames) == len(exp)
+            assert all(np.array_equal(a, b) for a, b in zip(s.frames, exp))
+            samples = sum(len(p) for _, p in s.audio)
+            assert samples == len(exp) * bundle.codec.hop_length
+    finally:
+        engine.stop()
+
+
+def test_cancel_and_close_free_the_stream_within_a_step(bundle):
+    engine = Engine(bundle, EngineConfig(max_running=2, max_queued=1, max_len=512)).start()
+    try:
+        long = StreamParams(SamplingParams(temperature=0.0, allow_end=False), frame_budget=400)
+        a, b = Recorder(), Recorder()
+        ha, hb = engine.open(VoiceInput(), long, a), engine.open(VoiceInput(), long, b)
+        assert a.ready.wait(10) and b.ready.wait(10)
+        engine.say(ha, 1, TEXTS[1])
+        engine.say(hb, 1, TEXTS[1])
+        while len(a.audio) < 3 or len(b.audio) < 3:
+            time.sleep(0.005)
+        steps = engine.steps
+        engine.cancel(ha)
+        engine.close(hb)
+        deadline = time.monotonic() + 5
+        while engine.stats()["streams_decoding"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert engine.stats()["streams_decoding"] == 0
+        assert engine.steps - steps <= 2  # the step in flight, and at most one launched before the lock was taken
+        # b's slot is free: a waiting stream gets it
+        c = Recorder()
+        engine.open(VoiceInput(), long, c)
+        assert c.ready.wait(10)
+        # nothing of a's cancelled turn arrives any more; its voice is still prefilled and
+        # the next turn speaks at once
+        heard = len(a.audio)
+        engine.say(ha, 2, TEXTS[0])
+        deadline = time.monotonic() + 10
+        while not any(t == 2 for t, _ in a.audio) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert all(t == 2 for t, _ in a.audio[heard:]) and any(t == 2 for t, _ in a.audio)
+    finally:
+        engine.stop()
+
+
+def test_voice_prefix_is_cached_by_content(bundle):
+    engine = Engine(bundle, EngineConfig(max_running=3, max_queued=0, max_len=1024)).start()
+    try:
+        codes = torch.randint(0, 64, (4, 30))
+        voice = VoiceInput((ReferenceInput("A stored reference.", codes=codes),))
+        first, second, other = Recorder(), Recorder(), Recorder()
+        engine.open(voice, StreamParams(), first)
+        assert first.ready.wait(10) and first.cached is False
+        engine.open(VoiceInput((ReferenceInput("A stored reference.", codes=codes.clone()),)), StreamParams(), second)
+        assert second.ready.wait(10) and second.cached is True
+        engine.open(VoiceInput((ReferenceInput("Another text.", codes=codes),)), StreamParams(), other)
+        assert other.ready.wait(10) and other.cached is False
+        assert engine.stats()["voice_cache_hits"] == 1
+    finally:
+        engine.stop()
+
+
+def test_a_voice_too_long_for_the_context_is_an_error(bundle):
+    engine = Engine(bundle, EngineConfig(max_running=1, max_queued=0, max_len=128)).start()
+    try:
+        sink = Recorder()
+        engine.open(VoiceInput((ReferenceInput("Long.", codes=torch.zeros(4, 200, dtype=torch.long)),)), StreamParams(), sink)
+        assert sink.done.wait(10)
+        assert sink.errors[0][0] == "too_large" and "leaves no room" in sink.errors[0][1]
+    finally:
+        engine.stop()
