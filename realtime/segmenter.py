@@ -9,7 +9,8 @@ fewer and longer. Text with no boundary is cut at a space (or anywhere, for scri
 without spaces) once it reaches `chunk_length`. `flush()` cuts everything buffered.
 
 A Latin sentence end ('.', '!', '?') only counts once the next character is known to be
-whitespace ("3.14" and "e.g." are not ends); CJK/fullwidth ends count at once.
+whitespace ("3.14" is no end), and not after a common abbreviation or an initial ("e.g.",
+"Dr.", "J."); CJK/fullwidth ends count at once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import re
 
 _SENTENCE = re.compile(r"[.!?\u2026\u061f\u0964][\"'\u201d\u2019)\]]*(?=\s)|[\u3002\uff01\uff1f][\u201d\u300d)\]]*")
+# "e.g.", "Dr.", "J." and the like end with a period but rarely end a sentence.
+_ABBREVIATION = re.compile(r"(?:\b(?:e\.g|i\.e|etc|vs|mr|mrs|ms|dr|prof|st|jr|sr|no|fig|approx)|(?<![\w.])[a-z])\.$", re.I)
 _CLAUSE = re.compile(r"[,;:\u2014\u2013][\"'\u201d\u2019)\]]*(?=\s)|[\uff0c\u3001\uff1b\uff1a]")
 
 
@@ -68,7 +71,8 @@ class TextSegmenter:
 
     def _next_cut(self) -> int | None:
         text = self._buffer
-        ends = [m.end() for m in _SENTENCE.finditer(text) if self._long_enough(text, m.end())]
+        ends = [m.end() for m in _SENTENCE.finditer(text)
+                if self._long_enough(text, m.end()) and not _ABBREVIATION.search(text[: m.end()])]
         if self.latency == "balanced":
             if ends:
                 return ends[0]
