@@ -8,8 +8,10 @@ that one (row, position) pair is one contiguous [K, Dh] slab.
 - fast: the fast transformer's per-frame scratch; row b of the batch, step `step` of
   the frame (the fast KV restarts every frame).
 
-This module is the plain-PyTorch reference path (CPU and eager GPU); a fused kernel
-can take over decode without changing callers.
+Decode attention has two implementations behind one switch (`DecodeMeta.kernel`): the
+plain-PyTorch reference (a gather of the batch's rows and a length mask over `kv_len`
+positions), and the Triton kernel of kernels/decode_attention.py, which reads each row
+only up to its own length and needs no gather (the GPU default).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class DecodeMeta:
     slots: Tensor  # [B] int64, KV row of each stream
     positions: Tensor  # [B] int64, position of each stream's new token
     kv_len: int  # attend over positions [0, kv_len); must exceed every positions[b]
+    kernel: bool = False  # the Triton decode-attention kernel (reads each row to its length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,11 @@ def _decode(q, k, v, k_cache, v_cache, meta: DecodeMeta) -> Tensor:
     flat = meta.slots * length + meta.positions  # [B] index into [rows * L]
     k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, k[:, 0])
     v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, v[:, 0])
+    if meta.kernel:
+        from kernels.decode_attention import decode_attention
+
+        out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, meta.positions + 1, max_length=meta.kv_len)
+        return out[:, None]
     keys = k_cache[meta.slots, : meta.kv_len]  # gather: [B, kv_len, K, Dh]
     values = v_cache[meta.slots, : meta.kv_len]
     key_pos = torch.arange(meta.kv_len, device=q.device)

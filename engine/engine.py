@@ -44,6 +44,9 @@ class EngineConfig:
     max_len: int = 4096  # KV positions per stream (voice prefix + context)
     voice_cache_bytes: int = 1 << 30  # device memory for cached voice prefixes
     max_reference_seconds: float = 30.0
+    # Baseline for benchmarks: one utterance at a time, the host waits for every step
+    # (no pipelining), no CUDA graphs. Never faster; it exists to be compared against.
+    naive: bool = False
 
     def __post_init__(self) -> None:
         if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
@@ -111,8 +114,9 @@ class Engine:
         self.bundle = bundle
         self.config = config or EngineConfig()
         c = self.config
-        self.runner = Runner(bundle, c.max_running, c.max_len)
-        self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len)
+        # the naive baseline runs eager: no CUDA graphs
+        self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None)
+        self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
@@ -319,6 +323,9 @@ class Engine:
             if pending is not None:
                 self._read_step(*pending)
             pending = launched
+            if self.config.naive and pending is not None:  # host sync after every step
+                self._read_step(*pending)
+                pending = None
 
     def _read_step(self, handle, batch: list[Stream], segments: list[tuple[int, int]]) -> None:
         frames = self.runner.read(handle)

@@ -77,8 +77,9 @@ def decode_frame(
     params: SamplingTensors,
     window: Tensor,
     frame_index: Tensor,
+    attention_kernel: bool = False,
 ) -> Tensor:
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
     the next frame [B, 1 + C]."""
-    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv)
+    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel)
     return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index)

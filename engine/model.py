@@ -118,10 +118,12 @@ class DualARModel(nn.Module):
         return self._head(x[:, -1])
 
     def decode_slow(
-        self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache
+        self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False
     ) -> tuple[Tensor, Tensor]:
-        """One position for each of B streams. tokens: [B, 1 + C]; slots, positions: [B]."""
-        x = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, DecodeMeta(slots, positions, kv_len))
+        """One position for each of B streams. tokens: [B, 1 + C]; slots, positions: [B].
+        `kernel` picks the Triton decode-attention kernel over the PyTorch reference."""
+        meta = DecodeMeta(slots, positions, kv_len, kernel)
+        x = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
         return self._head(x[:, 0])
 
     def full_logits(self, tokens: Tensor) -> Tensor:

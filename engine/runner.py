@@ -14,7 +14,12 @@ launched before the host has looked at step t. The host reads each step's frames
 pinned buffer behind a CUDA event, one step late. Only a change of batch membership moves
 data from the host (the slot list, through a pinned staging buffer).
 
-On a CPU everything runs eagerly and synchronously through the same code.
+On a GPU, one CUDA graph per batch-size bucket captures the whole step (gather, slow
+step, every fast codebook step, sampling, window update, scatter), so a step is one
+graph replay; graphs attend through the Triton decode-attention kernel, which reads each
+row only up to its own length. On a CPU everything runs eagerly and synchronously
+through the same code (`cuda_graphs=False` / `attention_kernel=False` select the eager
+and reference paths on a GPU too).
 """
 
 from __future__ import annotations
@@ -61,12 +66,23 @@ class PrefixKV:
 
 
 class Runner:
-    def __init__(self, bundle: ModelBundle, max_running: int, max_len: int) -> None:
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        max_running: int,
+        max_len: int,
+        cuda_graphs: bool | None = None,
+        attention_kernel: bool | None = None,
+    ) -> None:
         self.bundle = bundle
         self.model = bundle.model
         c = self.config = bundle.config
         self.device, self.dtype = bundle.device, bundle.dtype
         self.cuda = self.device.type == "cuda"
+        self.attention_kernel = self.cuda if attention_kernel is None else attention_kernel
+        self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and not self.cuda:
+            raise ValueError("CUDA graphs need a CUDA device")
         self.max_running = max_running
         self.max_len = min(max_len, c.max_seq_len)
         self.buckets = batch_buckets(max_running)
@@ -93,6 +109,9 @@ class Runner:
             self.decode_stream = torch.cuda.Stream(dev)
             self.prefill_stream = torch.cuda.Stream(dev)
         self._prefill_lock = threading.Lock()  # one prefill at a time (prefill thread + tools)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        if self.cuda_graphs:
+            self._capture_graphs()
 
     # --- prefill (prefill thread) ----------------------------------------------------------
 
@@ -164,7 +183,10 @@ class Runner:
                 self.slots_host[n:bucket] = self.scratch_row
                 self.batch_slots[:bucket].copy_(self.slots_host[:bucket], non_blocking=True)
                 self._last_slots = list(slots)
-            self._step(bucket, min(kv_len, self.max_len))
+            if self.cuda_graphs:
+                self.graphs[bucket].replay()
+            else:
+                self._step(bucket, min(kv_len, self.max_len))
             parity = self._parity
             self._parity ^= 1
             self.out_host[parity, :n].copy_(self.out[:n], non_blocking=True)
@@ -189,13 +211,32 @@ class Runner:
         frame_index = self.frame_index[idx]
         out = decode_frame(
             self.model, self.kv, self.decode_fast, tokens, idx, positions, kv_len,
-            self.params.gather(idx), windows, frame_index,
+            self.params.gather(idx), windows, frame_index, self.attention_kernel,
         )
         self.tokens.index_copy_(0, idx, out)
         self.windows.index_copy_(0, idx, windows)
         self.positions.index_copy_(0, idx, positions + 1)
         self.frame_index.index_copy_(0, idx, frame_index + 1)
+        self.positions[self.scratch_row] = 0  # padded rows must not walk off the KV
         self.out[:bucket].copy_(out)
+
+    def _capture_graphs(self) -> None:
+        """One graph per bucket, largest first (the shared memory pool is sized by it).
+        Capture runs before the worker threads start; every row points at the scratch
+        row while warming up and capturing, so no stream's state is touched."""
+        pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize(self.device)
+        with torch.inference_mode(), torch.cuda.stream(self.decode_stream):
+            for bucket in reversed(self.buckets):
+                self.batch_slots.fill_(self.scratch_row)
+                for _ in range(2):  # warm-up: kernel compilation, allocator, cuBLAS handles
+                    self._step(bucket, self.max_len)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=self.decode_stream, capture_error_mode="thread_local"):
+                    self._step(bucket, self.max_len)
+                self.graphs[bucket] = graph
+        torch.cuda.synchronize(self.device)
+        self._last_slots = None
 
     # --- accounting ------------------------------------------------------------------------
 

@@ -99,9 +99,12 @@ class FrameOutcome:
 
 
 class Scheduler:
-    def __init__(self, max_running: int, max_queued: int, max_len: int) -> None:
+    def __init__(self, max_running: int, max_queued: int, max_len: int, serial: bool = False) -> None:
+        """`serial` is the naive baseline: one utterance at a time (a segment is prefilled
+        only when no stream is decoding, and the decode batch holds one stream)."""
         if max_running < 1 or max_queued < 0:
             raise ValueError("max_running must be >= 1 and max_queued >= 0")
+        self.serial = serial
         self.max_running = max_running
         self.max_queued = max_queued
         self.max_len = max_len
@@ -184,7 +187,8 @@ class Scheduler:
 
     def next_prefill(self) -> PrefillWork | None:
         """Segments first (a waiting user hears audio sooner), then voice prefixes."""
-        while self.segment_work:
+        busy = self.serial and any(s.phase is Phase.DECODING for s in self.streams.values())
+        while self.segment_work and not busy:
             stream = self.segment_work.popleft()
             if stream.live and stream.segments:
                 return self._segment_prefill(stream)
@@ -255,10 +259,8 @@ class Scheduler:
     def decode_batch(self) -> list[Stream]:
         """Streams that step next: decoding, with frame budget left (f0 came from the
         prefill, so a budget of m frames takes m - 1 steps)."""
-        return [
-            s for s in self.streams.values()
-            if s.phase is Phase.DECODING and s.steps < s.frame_budget - 1
-        ]
+        batch = [s for s in self.streams.values() if s.phase is Phase.DECODING and s.steps < s.frame_budget - 1]
+        return batch[:1] if self.serial else batch
 
     def step_launched(self, batch: list[Stream]) -> list[int]:
         """Record a launched step; returns each row's segment id for step_read."""

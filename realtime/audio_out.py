@@ -26,7 +26,6 @@ from fractions import Fraction
 
 import av
 import numpy as np
-import opuslib
 
 from engine.audio import MAX_RATE, MIN_RATE, to_pcm16
 from realtime.protocol import FORMATS, MP3_BITRATES, OPUS_BITRATES, SAMPLE_RATES
@@ -39,6 +38,8 @@ SPEED_RANGE = (0.5, 2.0)
 VOLUME_RANGE_DB = (-20.0, 20.0)
 
 _EMPTY = np.zeros(0, np.float32)
+_RESAMPLER_DELAY = 64  # output samples that cover swresample's filter delay (it is ~16-32)
+_TEMPO_WINDOW = 60  # ms of input that push atempo's ~40 ms window out
 
 
 # --- public API -----------------------------------------------------------------------------
@@ -83,6 +84,18 @@ class _Encoder:
         self._start()  # the next encode() begins a new file
         return out
 
+    def drain(self):
+        """End of a turn: push out every real sample still held by a stage (resampler
+        filter, tempo window, a partial codec frame, the codec's lookahead) by feeding
+        silence, without ending the file. The next turn continues the same file after a
+        few ms of silence."""
+        pad_out = _RESAMPLER_DELAY if self._resampler.active else 0
+        pad_out += self._sink.drain_padding(pad_out)
+        pad_in = math.ceil(pad_out * self.input_rate / self.output_rate)
+        if self._tempo is not None:
+            pad_in = math.ceil(pad_in * self._speed) + _TEMPO_WINDOW * self.input_rate // 1000
+        return self.encode(np.zeros(pad_in, np.float32)) if pad_in else self._sink.encode(_EMPTY)
+
     def _emit(self, x: np.ndarray):
         self.samples_out += x.size
         return self._sink.encode(x)
@@ -102,6 +115,9 @@ class AudioEncoder(_Encoder):
 
     def encode(self, pcm: np.ndarray) -> bytes:
         return super().encode(pcm)
+
+    def drain(self) -> bytes:
+        return super().drain()
 
     def flush(self) -> bytes:
         return super().flush()
@@ -203,6 +219,10 @@ class _Resampler:
         self._rate = from_rate
         self._av = av.AudioResampler(format="flt", layout="mono", rate=to_rate) if from_rate != to_rate else None
 
+    @property
+    def active(self) -> bool:
+        return self._av is not None
+
     def process(self, x: np.ndarray) -> np.ndarray:
         if self._av is None or x.size == 0:
             return x
@@ -277,6 +297,9 @@ class _PcmSink:
     def encode(self, x: np.ndarray) -> bytes:
         return to_pcm16(x)  # s16le mono
 
+    def drain_padding(self, incoming: int) -> int:
+        return 0  # holds nothing
+
     def flush(self) -> bytes:
         return b""
 
@@ -302,9 +325,15 @@ class _WavSink:
         out, self._header = self._header + to_pcm16(x), b""
         return out
 
+    def drain_padding(self, incoming: int) -> int:
+        return 0
+
     def flush(self) -> bytes:
         out, self._header = self._header, b""  # an empty utterance is still a valid WAV
         return out
+
+
+_LAME_DELAY = 1105  # libmp3lame's encoder delay in samples (576 + 529)
 
 
 class _Mp3Sink:
@@ -323,6 +352,13 @@ class _Mp3Sink:
 
     def encode(self, x: np.ndarray) -> bytes:
         return b"".join(self._encode(block) for block in self._blocks.push(x))
+
+    def drain_padding(self, incoming: int) -> int:
+        # complete the partial frame past LAME's ~1105-sample delay, plus the frames LAME
+        # keeps for its psychoacoustic lookahead (measured: 4 at 44.1 kHz, 3 at 16/24 kHz)
+        frame = self._blocks.size
+        held = self._blocks.pending.size + incoming + _LAME_DELAY
+        return _LAME_DELAY + (-held) % frame + 4 * frame
 
     def flush(self) -> bytes:
         tail = self._blocks.pending  # libmp3lame accepts a short last frame
@@ -346,6 +382,8 @@ class _OpusPackets:
     """
 
     def __init__(self, kbps: int) -> None:
+        import opuslib  # loads libopus: only connections that ask for opus need it
+
         self._enc = opuslib.Encoder(OPUS_RATE, 1, opuslib.APPLICATION_AUDIO)
         self._enc.bitrate = kbps * 1000 if kbps > 0 else OPUS_AUTO
         self.pre_skip = self._enc.lookahead  # encoder delay, samples at 48 kHz
@@ -353,6 +391,10 @@ class _OpusPackets:
 
     def encode(self, x: np.ndarray) -> list[bytes]:
         return [self._enc.encode_float(block.tobytes(), OPUS_FRAME) for block in self._blocks.push(x)]
+
+    def drain_padding(self, incoming: int) -> int:
+        # the lookahead, then up to a whole 20 ms packet
+        return self.pre_skip + (-(self._blocks.pending.size + incoming + self.pre_skip)) % OPUS_FRAME
 
     def flush(self) -> list[bytes]:
         # push the lookahead out with silence, then pad the last packet to a whole 20 ms
@@ -374,6 +416,9 @@ class _OggOpusSink:
     def encode(self, x: np.ndarray) -> bytes:
         self._samples_in += x.size
         return self._write(self._opus.encode(x), eos=False)
+
+    def drain_padding(self, incoming: int) -> int:
+        return self._opus.drain_padding(incoming)
 
     def flush(self) -> bytes:
         return self._write(self._opus.flush(), eos=True)

@@ -11,13 +11,17 @@ Client -> server
     cancel {}                      extension (barge-in): drop the current turn's text and
                                    audio; acknowledged by `cancelled`; the voice stays ready
 Server -> client
-    audio  {audio: bytes, ...}     encoded audio; extension keys: turn, seq, samples,
-                                   sample_rate, gen_ms (time from the turn's flush)
+    audio  {audio: bytes, ...}     encoded audio; extension keys: turn, seq (1, 2, ...),
+                                   samples (audio in this chunk, at sample_rate), sample_rate,
+                                   gen_ms (time since the turn's first segment was handed
+                                   to the engine)
     finish {reason: stop|error, message?}
     extensions (Fish clients ignore unknown events):
     ready     {session_id, sample_rate, format, voice_cached, prefill_ms}
     turn_end  {turn, audio_seconds}  all audio of a flushed turn was sent
-    cancelled {turn}
+    cancelled {turn, turns, next_turn}  after `cancel`: `turns` were dropped (no more of
+                                   their audio follows), `turn` is the highest of them,
+                                   text sent next belongs to `next_turn`
     error     {code, message}        always followed by finish {reason: error}
 """
 
@@ -341,8 +345,10 @@ def turn_end_event(turn: int, audio_seconds: float) -> dict:
     return {"event": "turn_end", "turn": turn, "audio_seconds": round(audio_seconds, 4)}
 
 
-def cancelled_event(turn: int) -> dict:
-    return {"event": "cancelled", "turn": turn}
+def cancelled_event(turns: list[int], next_turn: int) -> dict:
+    """turns: every turn whose remaining audio was dropped (maybe none); `turn` is the
+    highest of them (0 when none); next_turn: the turn the next text belongs to."""
+    return {"event": "cancelled", "turn": max(turns, default=0), "turns": turns, "next_turn": next_turn}
 
 
 def error_event(code: ErrorCode, message: str) -> dict:

@@ -91,6 +91,7 @@ class LiveSession:
         self.pending_chars = 0  # handed to the engine, not yet spoken
         self._segment_chars: deque[int] = deque()  # lengths of unfinished segments, in order
         self.seq = 0
+        self._samples_sent = 0  # encoder output samples already announced in audio events
         self.opened_at = time.perf_counter()
         self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._out_bytes = 0
@@ -257,17 +258,18 @@ class LiveSession:
 
     def _cancel(self) -> None:
         self.svc.engine.cancel(self.handle)
+        current_has_text = bool(self.sent[self.turn] or self.segmenter.buffered_chars)
         self.segmenter.clear()
-        unfinished = [t for t in self.sent if t not in self.cancelled and self.done[t] < self.sent[t]]
-        if self.sent[self.turn] and self.turn not in unfinished:
-            unfinished.append(self.turn)
-        self.cancelled.update(unfinished)
+        dropped = [t for t in self.sent if t not in self.cancelled and self.done[t] < self.sent[t]]
+        if current_has_text and self.turn not in dropped:
+            dropped.append(self.turn)
+        self.cancelled.update(dropped)
         self.pending_chars = 0
         self._segment_chars.clear()
-        last = max(unfinished) if unfinished else self.turn - 1
-        self._send({**P.cancelled_event(last), "turns": sorted(unfinished)})
-        if self.sent[self.turn]:
+        self.encoder.drain()  # audio of the dropped turns still inside the encoder: discarded
+        if current_has_text:
             self.turn += 1
+        self._send(P.cancelled_event(sorted(dropped), self.turn))
 
     # --- engine events (on the loop) ---------------------------------------------------------
 
@@ -294,7 +296,8 @@ class LiveSession:
 
     def _send_audio(self, data: bytes, turn: int, gen_ms: float) -> None:
         self.seq += 1
-        samples = self.encoder.samples_out
+        samples = self.encoder.samples_out - self._samples_sent  # audio in this chunk
+        self._samples_sent = self.encoder.samples_out
         self._send(P.audio_event(data, turn, self.seq, samples, self.request.output_rate, gen_ms))
 
     def on_segment_end(self, turn: int, reason: str) -> None:
@@ -321,6 +324,10 @@ class LiveSession:
 
     def _maybe_end_turn(self, turn: int) -> None:
         if turn in self.closed_turns and turn not in self.cancelled and self.done[turn] >= self.sent[turn]:
+            # the turn's last samples may sit in the encoder (a partial Opus packet, LAME's
+            # lookahead, the resampler's filter): push them out before saying it ended
+            if tail := self.encoder.drain():
+                self._send_audio(tail, turn, 0.0)
             self._send(P.turn_end_event(turn, self.turn_audio[turn] / self.svc.engine.sample_rate))
 
     def _maybe_finish(self) -> None:

@@ -9,7 +9,7 @@ extras="${EXTRAS:-dev}"
 python="${PYTHON:-python3}"
 
 # Debian packages the Python packages need at run time (opuslib loads libopus).
-debs=(libopus0)
+debs=(libopus0 chromium)
 missing=()
 for deb in "${debs[@]}"; do
     dpkg -s "$deb" >/dev/null 2>&1 || missing+=("$deb")

@@ -304,3 +304,41 @@ def test_bad_arguments_raise_value_error(kwargs, message):
 def test_non_mono_input_is_rejected():
     with pytest.raises(ValueError, match="mono"):
         AudioEncoder("pcm", 44100).encode(np.zeros((2, 100), np.float32))
+
+
+@pytest.mark.parametrize("fmt, rate", [("pcm", 16000), ("wav", 44100), ("opus", 48000), ("mp3", 44100), ("mp3", 24000)])
+def test_drain_delivers_a_whole_turn_and_keeps_one_file(fmt, rate):
+    """At a turn's end everything encoded so far comes out (as silence-padded audio), and
+    the stream goes on as one valid file for the next turn."""
+    enc = AudioEncoder(fmt, rate)
+    sr = 44100
+    t = np.arange(int(0.5 * sr)) / sr
+    turn = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    first = enc.encode(turn) + enc.drain()
+    out_first = enc.samples_out
+    rest = enc.encode(turn) + enc.drain() + enc.flush()
+    # the first turn's audio (0.5 s) is all emitted by the drain
+    assert out_first >= 0.5 * rate
+    # plus a little silence at most (mp3 needs the most: LAME's delay and lookahead frames)
+    assert out_first <= 0.5 * rate + (0.2 if fmt == "mp3" else 0.04) * rate
+    data = first + rest
+    if fmt == "pcm":
+        assert len(first) == 2 * out_first
+        return
+
+    def decoded(blob):
+        with av.open(io.BytesIO(blob)) as c:
+            stream = c.streams.audio[0]
+            return stream, np.concatenate([f.to_ndarray().reshape(-1) for f in c.decode(stream)])
+
+    # what was sent up to the drain already decodes to the whole first turn
+    stream, head = decoded(first)
+    delay = 1105 if fmt == "mp3" else 0  # kept by mp3 decoders
+    assert len(head) >= 0.5 * stream.rate + delay - 2
+    # its last real 10 ms are the tone, not silence
+    tail = head[delay + int(0.49 * stream.rate) : delay + int(0.5 * stream.rate)]
+    assert np.abs(tail).max() > 0.2
+    stream, pcm = decoded(data)
+    # a bare mp3 stream keeps LAME's delay and the last frame's padding (see _Mp3Sink)
+    tolerance = (1105 + 2 * 1152) / rate if fmt == "mp3" else 0.06
+    assert abs(len(pcm) / stream.rate - enc.samples_out / rate) < tolerance

@@ -211,3 +211,19 @@ def test_each_segment_can_start_from_the_voice_prefix():
     e.run()
     starts = [p[2] for p in e.prefills if p[0] == "segment"]
     assert starts == [100, 100]
+
+
+def test_serial_mode_speaks_one_utterance_at_a_time():
+    s = Scheduler(max_running=3, max_queued=0, max_len=4096, serial=True)
+    e = FakeEngine(s)
+    a, b = s.open("a", 4), s.open("b", 4)
+    e.prefill_all()
+    s.say(a, Segment(1, "First."))
+    s.say(b, Segment(1, "Second."))
+    e.prefill_all()
+    assert a.phase is Phase.DECODING and b.phase is Phase.PREFILLING  # b waits until a is done
+    while a.phase is Phase.DECODING:
+        assert len(s.decode_batch()) <= 1
+        e.step()
+    e.run()
+    assert len(e.emitted[a.id]) == 4 and len(e.emitted[b.id]) == 4

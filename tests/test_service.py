@@ -90,7 +90,8 @@ def test_official_sdk_streams_every_format(srv, fmt):
     codec, rate, pcm = decode(data)
     assert (codec, rate) == {"wav": ("pcm_s16le", RATE), "mp3": ("mp3float", RATE), "opus": ("opus", 48000)}[fmt]
     expected = FRAMES * HOP / RATE
-    assert abs(len(pcm) / rate - expected) < 0.06, (len(pcm) / rate, expected)
+    # the turn's end pushes codec lookahead out with silence: up to ~0.15 s for mp3
+    assert -0.01 < len(pcm) / rate - expected < (0.2 if fmt == "mp3" else 0.06), (len(pcm) / rate, expected)
 
 
 def test_official_sdk_async(srv):
@@ -131,8 +132,9 @@ def test_ready_turns_and_extensions(srv):
     audio = [e for e in events if e["event"] == "audio"]
     assert {e["turn"] for e in audio} == {1, 2} and all(e["sample_rate"] == 16000 for e in audio)
     assert [e["seq"] for e in audio] == list(range(1, len(audio) + 1))
-    # 16 kHz PCM: FRAMES frames per turn, resampled
-    assert abs(len(audio_of(events)) / 2 - 2 * FRAMES * HOP * 16000 / RATE) < 64
+    # 16 kHz PCM: FRAMES frames per turn, resampled; each turn's end adds the resampler's
+    # filter tail (64 samples of padding)
+    assert abs(len(audio_of(events)) / 2 - 2 * FRAMES * HOP * 16000 / RATE) < 200
 
 
 def test_eight_concurrent_connections_all_get_audio(srv):

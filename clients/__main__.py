@@ -1,0 +1,3 @@
+from clients.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""Decode attention over a slot-indexed KV cache (flash-decoding, split over positions).
+
+One new query position per stream; stream b reads KV row `slots[b]` up to its own length
+`lengths[b]`, so a batch of streams at different points costs what their KV actually
+holds, with no gather copy of the cache and no mask over unused positions. Grouped-query
+attention: each program takes one KV head and the G = H / K query heads that share it.
+
+    q        [B, H, D]            the new position's queries (after RoPE)
+    k_cache  [rows, L, K, D]      position-major KV rows (engine/kv_cache.py)
+    v_cache  [rows, L, K, D]
+    slots    [B] int64            KV row of each stream
+    lengths  [B] int64            valid positions of each stream (its new position + 1)
+    -> out   [B, H, D]
+
+Pass 1 (`_decode_attention_split_kernel`): grid (B, K, splits); each program runs an online
+softmax over its split of positions and writes a partial output and its log-sum-exp.
+Pass 2 (`_combine_kernel`): grid (B, H); merges the splits. Splits beyond a stream's
+length write an empty partial (lse = -inf) and cost one program launch.
+
+Scores use elementwise products, not tl.dot: G (4 for S2-Pro) is below tl.dot's 16-row
+minimum, and the work is memory-bound anyway (every KV byte is read once per step).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+# Positions per split and per inner block. 256-position splits keep the grid large enough
+# to fill 132 SMs at batch 1 with 8 KV heads and a ~1-2k context (8 x 4-8 programs per
+# stream); 32-position blocks keep a [G, 32, D] fp32 product in registers. Chosen, not yet
+# tuned on the H200 (latency_bench/engine_bench.py measures the whole step).
+SPLIT = 256
+BLOCK_N = 32
+
+
+@triton.jit
+def _decode_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, part_ptr, lse_ptr,
+    stride_qb, stride_qh,
+    stride_kr, stride_kl, stride_kk,
+    stride_vr, stride_vl, stride_vk,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    length = tl.load(lengths_ptr + b)
+    slot = tl.load(slots_ptr + b)
+    offs_g = tl.arange(0, GROUP)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + offs_g  # query heads sharing this KV head
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]).to(tl.float32)
+    q = q * scale  # [G, D]
+
+    m = tl.full([GROUP], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP], tl.float32)
+    acc = tl.zeros([GROUP, HEAD_DIM], tl.float32)
+    start = split * SPLIT_SIZE
+    end = tl.minimum(start + SPLIT_SIZE, length)
+    k_row = k_ptr + slot * stride_kr + kv_head * stride_kk
+    v_row = v_ptr + slot * stride_vr + kv_head * stride_vk
+    # a fixed trip count (masked past `end`): masked lanes read no memory, and the
+    # interpreter cannot loop over tensor bounds
+    for i in range(0, SPLIT_SIZE // BLOCK):
+        offs_n = start + i * BLOCK + tl.arange(0, BLOCK)
+        valid = offs_n < end
+        k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, BLOCK]
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked block: no NaN
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+
+    empty = l == 0.0  # split past this stream's length
+    out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l)[:, None])
+    lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
+    tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], out)
+    tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr, lse_ptr, out_ptr,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_P2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_range = offs_s < SPLITS
+    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=in_range, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    w = tl.where(in_range, tl.exp(lse - top), 0.0)  # [S]
+    parts = tl.load(part_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                    mask=in_range[:, None], other=0.0)
+    out = tl.sum(parts * w[:, None], axis=0) / tl.sum(w, axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_length: int | None = None
+) -> Tensor:
+    """Attention of one new position per stream; see the module docstring for shapes.
+
+    `max_length` bounds every length (default: the cache length); it fixes the number of
+    splits, so a CUDA graph captured once serves any lengths up to it."""
+    b, h, d = q.shape
+    rows, cache_len, kv_heads, dk = k_cache.shape
+    if k_cache.shape != v_cache.shape or dk != d:
+        raise ValueError(f"k/v caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
+    if h % kv_heads:
+        raise ValueError(f"{h} query heads are not a multiple of {kv_heads} KV heads")
+    group = h // kv_heads
+    if group & (group - 1) or d & (d - 1):
+        raise ValueError(f"head group ({group}) and head dim ({d}) must be powers of two")
+    if slots.shape != (b,) or lengths.shape != (b,) or slots.dtype != torch.int64 or lengths.dtype != torch.int64:
+        raise ValueError("slots and lengths must be int64 [batch]")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("the head dim must be contiguous in q and in the caches")
+    splits = triton.cdiv(max_length or cache_len, SPLIT)
+    part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
+    _decode_attention_split_kernel[(b, kv_heads, splits)](
+        q, k_cache, v_cache, slots, lengths, part, lse,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        part.stride(0), part.stride(1), part.stride(2),
+        lse.stride(0), lse.stride(1),
+        d ** -0.5,
+        GROUP=group, HEAD_DIM=d, SPLIT_SIZE=SPLIT, BLOCK=BLOCK_N,
+    )
+    out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
+    _combine_kernel[(b, h)](
+        part, lse, out,
+        part.stride(0), part.stride(1), part.stride(2),
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=d,
+    )
+    return out
+
+
+def decode_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor) -> Tensor:
+    """The same function in plain PyTorch (fp32 math)."""
+    b, h, d = q.shape
+    group = h // k_cache.shape[2]
+    out = torch.empty_like(q)
+    for i in range(b):
+        n = int(lengths[i])
+        k = k_cache[slots[i], :n].float().repeat_interleave(group, dim=1)  # [n, H, D]
+        v = v_cache[slots[i], :n].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].float(), k) * d ** -0.5
+        out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)
+    return out

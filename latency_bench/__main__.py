@@ -1,0 +1,147 @@
+"""`python -m latency_bench`: the TTFA load test.
+
+    # start the service with the default model on the CPU, sweep 1/4/8 connections,
+    # with the naive serving mode as baseline in the same run:
+    python -m latency_bench --model default --device cpu --concurrency 1,4,8 --baseline naive --out out/bench
+
+    # against a running service:
+    python -m latency_bench --url ws://host:8765/v1/tts/live --concurrency 1,16,64
+
+Writes <out>/results.json, <out>/ttfa_throughput.png and prints a table per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from latency_bench.loadgen import Workload, run_level
+from latency_bench.report import aggregate, plot, ratios, table, write_json
+from latency_bench.serverproc import service
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running service's ws://.../v1/tts/live")
+    where.add_argument("--model", help="start the service with this model (default | preset | folder)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--concurrency", default="1,4,8", help="comma-separated levels")
+    p.add_argument("--turns", type=int, default=3, help="turns per connection")
+    p.add_argument("--text-mode", choices=["sentences", "tokens"], default="sentences")
+    p.add_argument("--tokens-per-s", type=float, default=30.0, help="pace of token pieces in tokens mode")
+    p.add_argument("--think", type=float, default=0.3, help="seconds between turns (randomized 0.5x-1.5x)")
+    p.add_argument("--ramp", type=float, default=1.0, help="seconds over which connections arrive")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="frames per turn (the cap)")
+    p.add_argument("--fixed-frames", action="store_true", help="ignore end-of-speech: every turn is max-new-tokens frames")
+    p.add_argument("--format", default="pcm")
+    p.add_argument("--voice", help="a stored voice id (reference_id)")
+    p.add_argument("--reference-audio", help="inline reference audio file")
+    p.add_argument("--reference-text", help="its transcript")
+    p.add_argument("--synthetic-reference", type=float, default=0.0,
+                   help="seconds of a generated reference (with a matching-length transcript) for a ~300-token voice prompt at 10 s")
+    p.add_argument("--barge-in", type=float, help="cancel each turn this many seconds after its first audio")
+    p.add_argument("--baseline", choices=["naive"], help="also run the naive serving mode (needs --model)")
+    p.add_argument("--server-arg", action="append", default=[], help="extra argument for the started service")
+    p.add_argument("--api-key")
+    p.add_argument("--out", default="out/latency_bench")
+    p.add_argument("--title", default="")
+    a = p.parse_args(argv)
+    if a.baseline and not a.model:
+        p.error("--baseline needs --model (the bench starts both services)")
+    if bool(a.reference_audio) != bool(a.reference_text):
+        p.error("--reference-audio and --reference-text go together")
+    return a
+
+
+def synthetic_reference(seconds: float, rate: int = 44100) -> tuple[bytes, str]:
+    """A speech-like signal (a gliding harmonic tone, amplitude-modulated at syllable rate)
+    and a transcript of about 2.5 words per second."""
+    from engine.audio import wav_bytes
+
+    t = np.arange(int(seconds * rate)) / rate
+    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    voice = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)
+    audio = (0.2 * voice * envelope).astype(np.float32)
+    words = ("the quick brown fox jumps over a lazy dog while seven happy children sing near the old "
+             "stone bridge and the river runs quietly toward the sea").split()
+    n = max(3, int(seconds * 2.5))
+    text = " ".join(words[i % len(words)] for i in range(n)).capitalize() + "."
+    return wav_bytes(audio, rate), text
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def sweep(url: str, levels: list[int], w: Workload, ramp: float, name: str) -> list[dict]:
+    out = []
+    for c in levels:
+        print(f"[{name}] {c} connection(s)", file=sys.stderr, flush=True)
+        results, wall = asyncio.run(run_level(c, w, ramp, log=lambda m: print(m, file=sys.stderr, flush=True)))
+        out.append(aggregate(c, results, wall, w.hop_length / w.codec_rate))
+    return out
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    levels = [int(x) for x in a.concurrency.split(",")]
+    reference = None
+    if a.reference_audio:
+        reference = (Path(a.reference_audio).read_bytes(), a.reference_text)
+    elif a.synthetic_reference:
+        reference = synthetic_reference(a.synthetic_reference)
+    out = Path(a.out)
+
+    def workload(url: str) -> Workload:
+        return Workload(
+            url=url, turns=a.turns, text_mode=a.text_mode, tokens_per_s=a.tokens_per_s, think_s=a.think,
+            max_new_tokens=a.max_new_tokens, fixed_frames=a.fixed_frames, format=a.format,
+            reference_id=a.voice, reference=reference, barge_in_after_s=a.barge_in, api_key=a.api_key,
+        )
+
+    meta = {
+        "command": " ".join(["python -m latency_bench", *(argv if argv is not None else sys.argv[1:])]),
+        "commit": git_commit(),
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "levels": levels,
+    }
+    runs: dict[str, list[dict]] = {}
+    if a.url:
+        runs["service"] = sweep(a.url, levels, workload(a.url), a.ramp, "service")
+    else:
+        server_args = ["--max-running", str(max(levels)), "--max-queued", str(max(levels)), *a.server_arg]
+        modes = [("engine", [])] + ([("naive", ["--naive"])] if a.baseline else [])
+        for name, extra in modes:
+            with service(a.model, a.device, server_args + extra, out / f"server-{name}.log") as (ws_url, _, health):
+                meta.setdefault("health", health)
+                runs[name] = sweep(ws_url, levels, workload(ws_url), a.ramp, name)
+    data = {"meta": meta, "runs": runs}
+    if "naive" in runs:
+        data["ratios_vs_naive"] = ratios(runs["engine"], runs["naive"])
+    write_json(out / "results.json", data)
+    title = a.title or f"{meta.get('health', {}).get('model', a.url)} on {meta.get('health', {}).get('device', '?')}"
+    plot(out / "ttfa_throughput.png", runs, title)
+    for name, levels_out in runs.items():
+        print(table(levels_out, f"\n== {name}: {title} =="))
+    for r in data.get("ratios_vs_naive", []):
+        print(f"c={r['concurrency']}: TTFA p50 {r['ttfa_p50_speedup']:.2f}x faster, frames/s {r['frames_per_s_ratio']:.2f}x vs naive")
+    print(f"\nwrote {out / 'results.json'} and {out / 'ttfa_throughput.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

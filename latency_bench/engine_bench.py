@@ -1,0 +1,136 @@
+"""`python -m latency_bench.engine_bench`: the engine without the network.
+
+Decode frames/s and per-step latency against batch size (the pipelined step loop the
+engine runs: launch step t + 1, then read step t), prefill time against prompt length,
+and memory per stream; the eager path is the baseline in the same run when CUDA graphs
+are on.
+
+    python -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,2,4,8,16,32,64
+    python -m latency_bench.engine_bench --model tiny --device cpu --batch 1,2,4,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from engine.bundle import load_bundle
+from engine.runner import Runner
+from engine.sampling import SamplingParams
+from latency_bench.report import write_json
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def prepare_batch(runner: Runner, batch: int, context: int) -> list[int]:
+    """Slots 0..batch-1 hold a stream at position `context` with a valid input frame (KV
+    contents do not change the cost of a step, only its length does)."""
+    c = runner.config
+    slots = list(range(batch))
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, c.num_semantic - 1, (batch, 1 + c.num_codebooks), generator=g)
+    frames[:, 0] += c.semantic_begin_id
+    idx = torch.tensor(slots, device=runner.device)
+    runner.tokens[idx] = frames.to(runner.device)
+    runner.positions[idx] = context
+    runner.frame_index[idx] = 1
+    for s in slots:
+        runner.params.set_row(s, SamplingParams(temperature=0.7, top_p=0.7, seed=s, allow_end=False))
+    return slots
+
+
+def bench_decode(runner: Runner, batch: int, context: int, steps: int) -> dict:
+    slots = prepare_batch(runner, batch, context)
+    kv_len = context + steps + 8
+    pending = None
+    for _ in range(3):  # warm-up (and graph capture, when on)
+        handle = runner.launch(slots, kv_len)
+        runner.read(handle)
+    _sync(runner.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        handle = runner.launch(slots, kv_len)
+        if pending is not None:
+            runner.read(pending)
+        pending = handle
+    runner.read(pending)
+    elapsed = time.perf_counter() - t0
+    step_ms = 1000 * elapsed / steps
+    return {"batch": batch, "step_ms": step_ms, "frames_per_s": batch * steps / elapsed,
+            "stream_frames_per_s": steps / elapsed}
+
+
+def bench_prefill(runner: Runner, length: int, repeats: int = 5) -> dict:
+    c = runner.config
+    tokens = torch.zeros(1 + c.num_codebooks, length, dtype=torch.long)
+    tokens[0] = torch.randint(0, 200, (length,))
+    params = SamplingParams(temperature=0.7, seed=1)
+    runner.prefill_segment(0, 0, tokens, params)  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(runner.device)
+        t0 = time.perf_counter()
+        runner.prefill_segment(0, 0, tokens, params)  # returns after the first frame is on the host
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"tokens": length, "ms": 1000 * times[len(times) // 2]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m latency_bench.engine_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch", default="1,2,4,8")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--context", type=int, default=400, help="KV positions already filled per stream")
+    p.add_argument("--prompt-lengths", default="100,300,1000")
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--no-graphs", action="store_true", help="eager only (CUDA)")
+    p.add_argument("--out", default="out/engine_bench")
+    a = p.parse_args(argv)
+    batches = [int(x) for x in a.batch.split(",")]
+    bundle = load_bundle(a.model, a.device)
+    device = bundle.device
+    modes = ["eager"]
+    if device.type == "cuda" and not a.no_graphs:
+        modes.append("graphs")
+    results: dict = {"model": bundle.name, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
+                     "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
+    if device.type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name(device)
+    for mode in modes:
+        runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=(mode == "graphs"))
+        results[mode] = {"decode": [bench_decode(runner, b, a.context, a.steps) for b in batches]}
+        if mode == "eager" or "prefill" not in results:
+            results["prefill"] = [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len]
+        results["kv_bytes_per_stream"] = runner.kv_bytes_per_stream()
+        del runner
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if device.type == "cuda":
+        results["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+    out = Path(a.out)
+    write_json(out / "engine_bench.json", results)
+    print(f"engine bench: {bundle.name} on {device} ({bundle.dtype}), context {a.context}, KV per stream "
+          f"{results['kv_bytes_per_stream'] / 2**20:.1f} MiB at {a.max_len} positions")
+    print(f"{'batch':>6} " + " ".join(f"{m + ' step ms':>16} {m + ' frames/s':>16}" for m in modes))
+    for i, b in enumerate(batches):
+        print(f"{b:>6} " + " ".join(
+            f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
+    for pf in results["prefill"]:
+        print(f"prefill {pf['tokens']:>5} tokens: {pf['ms']:.1f} ms (to the first frame on the host)")
+    print(f"wrote {out / 'engine_bench.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

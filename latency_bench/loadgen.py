@@ -1,0 +1,181 @@
+"""Simulated voice-agent connections, driven only through the public WebSocket protocol.
+
+Each connection opens, sends `start` with a voice, waits for `ready` (open-to-ready), then
+plays several turns: text as whole sentences or as LLM-like token pieces at a set pace,
+a `flush`, and the turn's audio (TTFA, chunk gaps, underruns of a real-time player);
+optionally it barges in (`cancel`) mid-turn. Between turns it thinks for a while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+import websockets
+
+from latency_bench.stats import TurnRecord
+
+SENTENCES = [
+    "Thanks for calling, how can I help you today?",
+    "Your order shipped this morning and should arrive on Thursday.",
+    "I can move the appointment to three thirty if that works better for you.",
+    "The account balance is one hundred and twenty four dollars and fifty cents.",
+    "Sure, let me check that for you, it will only take a moment.",
+    "The weather tomorrow looks sunny with a light breeze from the west.",
+    "Please hold on while I connect you to the right department.",
+    "Is there anything else I can help you with before we finish?",
+]
+
+
+@dataclass(slots=True)
+class Workload:
+    url: str
+    turns: int = 3
+    text_mode: str = "sentences"  # "sentences" (whole + flush) or "tokens" (paced pieces + flush)
+    tokens_per_s: float = 30.0
+    think_s: float = 0.3
+    max_new_tokens: int = 200
+    fixed_frames: bool = False  # ignore end-of-speech: every turn is max_new_tokens frames
+    format: str = "pcm"
+    sample_rate: int | None = None
+    reference_id: str | None = None
+    reference: tuple[bytes, str] | None = None  # inline (audio, transcript)
+    barge_in_after_s: float | None = None  # cancel this long after a turn's first audio
+    api_key: str | None = None
+    hop_length: int = 2048
+    codec_rate: int = 44100
+    timeout_s: float = 300.0
+
+    def request(self, seed: int) -> dict:
+        req = {"text": "", "format": self.format, "max_new_tokens": self.max_new_tokens,
+               "latency": "balanced", "seed": seed, "ignore_end": self.fixed_frames}
+        if self.sample_rate:
+            req["sample_rate"] = self.sample_rate
+        if self.reference_id:
+            req["reference_id"] = self.reference_id
+        elif self.reference:
+            req["references"] = [{"audio": self.reference[0], "text": self.reference[1]}]
+        return req
+
+
+@dataclass(slots=True)
+class ConnectionResult:
+    index: int
+    open_to_ready: float | None = None
+    turns: list[TurnRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    voice_cached: bool | None = None
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.turns_done = 0
+        self.errors = 0
+        self.active = 0
+
+
+def _pieces(text: str) -> list[str]:
+    """LLM-like token pieces: 2 to 5 characters, spaces wherever they fall."""
+    rng, out, i = random.Random(len(text)), [], 0
+    while i < len(text):
+        n = rng.randint(2, 5)
+        out.append(text[i : i + n])
+        i += n
+    return out
+
+
+async def run_connection(index: int, w: Workload, delay_s: float, progress: _Progress) -> ConnectionResult:
+    result = ConnectionResult(index)
+    await asyncio.sleep(delay_s)
+    headers = {"Authorization": f"Bearer {w.api_key}"} if w.api_key else None
+    progress.active += 1
+    try:
+        async with asyncio.timeout(w.timeout_s):
+            async with websockets.connect(w.url, additional_headers=headers, max_size=None) as ws:
+                await _converse(ws, index, w, result, progress)
+    except Exception as e:  # every failure is counted, none stops the run
+        result.errors.append(f"{type(e).__name__}: {e}"[:200])
+        progress.errors += 1
+    finally:
+        progress.active -= 1
+    return result
+
+
+async def _converse(ws, index: int, w: Workload, result: ConnectionResult, progress: _Progress) -> None:
+    opened = time.perf_counter()
+    await ws.send(msgpack.packb({"event": "start", "request": w.request(seed=index)}))
+    event = await _next(ws, result)
+    if event.get("event") != "ready":
+        raise RuntimeError(f"expected ready, got {event}")
+    result.open_to_ready = time.perf_counter() - opened
+    result.voice_cached = event.get("voice_cached")
+    rng = random.Random(index)
+    for turn in range(1, w.turns + 1):
+        text = SENTENCES[(index + turn) % len(SENTENCES)]
+        if w.text_mode == "tokens":
+            for piece in _pieces(text):
+                await ws.send(msgpack.packb({"event": "text", "text": piece}))
+                await asyncio.sleep(1.0 / w.tokens_per_s)
+        else:
+            await ws.send(msgpack.packb({"event": "text", "text": text}))
+        record = TurnRecord(flush_at=time.perf_counter())
+        await ws.send(msgpack.packb({"event": "flush"}))
+        await _receive_turn(ws, w, record, result)
+        result.turns.append(record)
+        progress.turns_done += 1
+        if turn < w.turns:
+            await asyncio.sleep(w.think_s * rng.uniform(0.5, 1.5))
+    await ws.send(msgpack.packb({"event": "stop"}))
+    while (await _next(ws, result)).get("event") != "finish":
+        pass
+
+
+async def _receive_turn(ws, w: Workload, record: TurnRecord, result: ConnectionResult) -> None:
+    cancelled = False
+    while True:
+        event = await _next(ws, result)
+        kind = event.get("event")
+        if kind == "audio" and event.get("audio"):
+            now = time.perf_counter()
+            rate = event.get("sample_rate") or w.codec_rate
+            seconds = event.get("samples", len(event["audio"]) // 2) / rate
+            record.chunks.append((now, seconds))
+            record.frames = round(sum(d for _, d in record.chunks) * w.codec_rate / w.hop_length)
+            if w.barge_in_after_s is not None and not cancelled and now - record.chunks[0][0] >= w.barge_in_after_s:
+                await ws.send(msgpack.packb({"event": "cancel"}))
+                cancelled = True
+        elif kind == "turn_end":
+            return
+        elif kind == "cancelled":
+            record.cancelled = True
+            return
+        elif kind in ("error", "finish"):
+            raise RuntimeError(f"server ended the connection: {event.get('message', event)}")
+
+
+async def _next(ws, result: ConnectionResult) -> dict:
+    event = msgpack.unpackb(await ws.recv())
+    if event.get("event") == "error":
+        result.errors.append(f"{event.get('code')}: {event.get('message')}")
+    return event
+
+
+async def run_level(concurrency: int, w: Workload, ramp_s: float, report_every_s: float = 1.0, log=print):
+    """Run `concurrency` connections (arrivals spread over `ramp_s`); returns their results
+    and the wall time of the level."""
+    progress = _Progress()
+    start = time.perf_counter()
+    tasks = [
+        asyncio.create_task(run_connection(i, w, ramp_s * i / max(1, concurrency), progress))
+        for i in range(concurrency)
+    ]
+    done = asyncio.gather(*tasks)
+    while not done.done():
+        await asyncio.wait([done], timeout=report_every_s)
+        if log:
+            log(f"  c={concurrency}: {time.perf_counter() - start:5.1f}s active={progress.active} "
+                f"turns={progress.turns_done}/{concurrency * w.turns} errors={progress.errors}")
+    return done.result(), time.perf_counter() - start

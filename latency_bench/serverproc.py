@@ -1,0 +1,52 @@
+"""Starting the service as a subprocess for a benchmark, and stopping it afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def service(model: str, device: str, extra: list[str], log_path: Path, startup_timeout_s: float = 900.0):
+    """Yields (ws_url, http_url, health) of a freshly started `python -m realtime`."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "realtime", "--port", str(port), "--model", model, "--device", device,
+           "--voices-dir", str(log_path.parent / f"voices-{port}"), "--no-demo", *extra]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    http = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the service exited with {proc.returncode}; see {log_path}")
+            try:
+                with urllib.request.urlopen(f"{http}/v1/health", timeout=2) as r:
+                    health = json.loads(r.read())
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the service did not start in {startup_timeout_s:.0f} s; see {log_path}")
+                time.sleep(0.5)
+        yield f"ws://127.0.0.1:{port}/v1/tts/live", http, health
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
