@@ -5,6 +5,7 @@ pending frames), and each stream's audio and segment ends reach its sink in orde
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections import OrderedDict
@@ -44,6 +45,9 @@ class CodecWorker:
     def __init__(self, codec: torch.nn.Module, max_streams: int) -> None:
         self.decoder = StreamingDecoder(codec, max_streams)
         self.device = self.decoder.device
+        # its own CUDA stream: work on the legacy default stream would serialize with the
+        # decode and prefill streams
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="codec", daemon=True)
         self.frames_decoded = 0
@@ -69,6 +73,9 @@ class CodecWorker:
     def reset(self, slot: int) -> None:
         self._queue.put(_Reset(slot))
 
+    def _on_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
     def _run(self) -> None:
         while True:
             items = [self._queue.get()]
@@ -91,7 +98,8 @@ class CodecWorker:
             if item is _STOP:
                 return True
             if isinstance(item, _Reset):
-                self.decoder.reset(item.slot)
+                with self._on_stream():
+                    self.decoder.reset(item.slot)
             else:
                 item.owner.segment_end(item.turn, item.reason)
         self._decode(run)
@@ -111,9 +119,10 @@ class CodecWorker:
         for count, slots in by_count.items():
             codes = np.stack([np.stack([f.codes for f in per_slot[s]], axis=1) for s in slots])  # [B, C, n]
             try:
-                pcm = self.decoder.decode(
-                    torch.tensor(slots, device=self.device), torch.from_numpy(codes).to(self.device)
-                ).float().cpu().numpy()
+                with self._on_stream():
+                    pcm = self.decoder.decode(
+                        torch.tensor(slots, device=self.device), torch.from_numpy(codes).to(self.device)
+                    ).float().cpu().numpy()
             except Exception as e:  # one bad batch must not stop the thread
                 for s in slots:
                     if self.on_error:

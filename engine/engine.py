@@ -247,7 +247,7 @@ class Engine:
             codec = self.bundle.codec
             wav = load_audio(ref.audio, codec.sample_rate, max_seconds=self.config.max_reference_seconds)
             dtype = next(codec.parameters()).dtype
-            with self.runner._prefill_lock, torch.inference_mode():
+            with self.runner._prefill_lock, self.runner._on_prefill_stream(), torch.inference_mode():
                 codes = codec.encode(torch.from_numpy(wav).to(self.bundle.device, dtype)[None])[0].cpu()
             self.codes_cache.put(key, codes)
         return codes

@@ -101,7 +101,9 @@ class Runner:
         self.batch_slots = torch.full((self.buckets[-1],), self.scratch_row, dtype=torch.long, device=dev)
         self.out = torch.zeros(self.buckets[-1], 1 + c.num_codebooks, dtype=torch.long, device=dev)
         pin = self.cuda
-        self.slots_host = torch.full((self.buckets[-1],), self.scratch_row, dtype=torch.long, pin_memory=pin)
+        # double-buffered like the outputs: the buffer of step t is rewritten at step t + 2,
+        # after the host has seen step t finish, so an in-flight copy never reads a half-written list
+        self.slots_host = torch.full((2, self.buckets[-1]), self.scratch_row, dtype=torch.long, pin_memory=pin)
         self.out_host = torch.zeros(2, self.buckets[-1], 1 + c.num_codebooks, dtype=torch.long, pin_memory=pin)
         self._parity = 0
         self._last_slots: list[int] | None = None
@@ -179,9 +181,10 @@ class Runner:
         bucket = self.bucket_for(n)
         with torch.cuda.stream(self.decode_stream) if self.cuda else nullcontext():
             if slots != self._last_slots:
-                self.slots_host[:n] = torch.tensor(slots, dtype=torch.long)
-                self.slots_host[n:bucket] = self.scratch_row
-                self.batch_slots[:bucket].copy_(self.slots_host[:bucket], non_blocking=True)
+                staging = self.slots_host[self._parity]
+                staging[:n] = torch.tensor(slots, dtype=torch.long)
+                staging[n:bucket] = self.scratch_row
+                self.batch_slots[:bucket].copy_(staging[:bucket], non_blocking=True)
                 self._last_slots = list(slots)
             if self.cuda_graphs:
                 self.graphs[bucket].replay()

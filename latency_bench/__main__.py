@@ -50,6 +50,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds of a generated reference (with a matching-length transcript) for a ~300-token voice prompt at 10 s")
     p.add_argument("--barge-in", type=float, help="cancel each turn this many seconds after its first audio")
     p.add_argument("--baseline", choices=["naive"], help="also run the naive serving mode (needs --model)")
+    p.add_argument("--baseline-concurrency", help="levels for the baseline (default: --concurrency); the naive "
+                   "mode serves one utterance at a time, so high levels take minutes")
+    p.add_argument("--baseline-turns", type=int, help="turns per connection for the baseline (default: --turns)")
+    p.add_argument("--only-baseline", action="store_true", help="run the baseline alone (split long sweeps)")
     p.add_argument("--server-arg", action="append", default=[], help="extra argument for the started service")
     p.add_argument("--api-key")
     p.add_argument("--out", default="out/latency_bench")
@@ -106,9 +110,9 @@ def main(argv=None) -> int:
         reference = synthetic_reference(a.synthetic_reference)
     out = Path(a.out)
 
-    def workload(url: str) -> Workload:
+    def workload(url: str, turns: int) -> Workload:
         return Workload(
-            url=url, turns=a.turns, text_mode=a.text_mode, tokens_per_s=a.tokens_per_s, think_s=a.think,
+            url=url, turns=turns, text_mode=a.text_mode, tokens_per_s=a.tokens_per_s, think_s=a.think,
             max_new_tokens=a.max_new_tokens, fixed_frames=a.fixed_frames, format=a.format,
             reference_id=a.voice, reference=reference, barge_in_after_s=a.barge_in, api_key=a.api_key,
         )
@@ -121,16 +125,20 @@ def main(argv=None) -> int:
     }
     runs: dict[str, list[dict]] = {}
     if a.url:
-        runs["service"] = sweep(a.url, levels, workload(a.url), a.ramp, "service")
+        runs["service"] = sweep(a.url, levels, workload(a.url, a.turns), a.ramp, "service")
     else:
-        server_args = ["--max-running", str(max(levels)), "--max-queued", str(max(levels)), *a.server_arg]
-        modes = [("engine", [])] + ([("naive", ["--naive"])] if a.baseline else [])
-        for name, extra in modes:
-            with service(a.model, a.device, server_args + extra, out / f"server-{name}.log") as (ws_url, _, health):
+        base_levels = [int(x) for x in (a.baseline_concurrency or a.concurrency).split(",")]
+        modes = [] if a.only_baseline else [("engine", [], levels, a.turns)]
+        if a.baseline:
+            modes.append(("naive", ["--naive"], base_levels, a.baseline_turns or a.turns))
+        for name, extra, lv, turns in modes:
+            server_args = ["--max-running", str(max(lv)), "--max-queued", str(max(lv)), *a.server_arg, *extra]
+            with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health):
                 meta.setdefault("health", health)
-                runs[name] = sweep(ws_url, levels, workload(ws_url), a.ramp, name)
+                meta[f"{name}_turns"] = turns
+                runs[name] = sweep(ws_url, lv, workload(ws_url, turns), a.ramp, name)
     data = {"meta": meta, "runs": runs}
-    if "naive" in runs:
+    if "naive" in runs and "engine" in runs:
         data["ratios_vs_naive"] = ratios(runs["engine"], runs["naive"])
     write_json(out / "results.json", data)
     title = a.title or f"{meta.get('health', {}).get('model', a.url)} on {meta.get('health', {}).get('device', '?')}"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Everything this project measures on the GPU machine, one part per call (each call of
+# the device tool is limited to 10 minutes). Results go to $OUT (or out/gpu).
+#   bash scripts/gpu_check.sh tests    # GPU tests + compiled kernel tests
+#   bash scripts/gpu_check.sh engine   # engine benchmark, s2-pro shape, eager vs CUDA graphs
+#   bash scripts/gpu_check.sh load     # WebSocket load sweep c=1,16,64, s2-pro shape
+#   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
+# The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
+# .whl (see README, "Measuring on a GPU").
+set -u
+part="${1:-tests}"
+out="${OUT:-out/gpu}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PWD"
+else
+    export PYTHONPATH="$PWD"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$out/gpu.txt" 2>&1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
+cat "$out/gpu.txt"
+# random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
+bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
+case "$part" in
+tests)
+    timeout 540 python3 -m pytest -q -x tests/test_gpu.py tests/test_kernel_decode_attention.py 2>&1 | tee "$out/gpu_tests.log"
+    ;;
+tests+engine)
+    timeout 200 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 330 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,4,16,32,64 \
+        --steps 30 --context 400 --max-len 1536 --prompt-lengths 100,300,1000 --out "$out" 2>&1 | tee "$out/engine_bench.log"
+    ;;
+engine)
+    timeout 560 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,2,4,8,16,32,48,64 \
+        --steps 30 --context 400 --max-len 1536 --prompt-lengths 100,300,1000 --out "$out" 2>&1 | tee "$out/engine_bench.log"
+    ;;
+load)
+    timeout 560 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
+        --out "$out/load" 2>&1 | tee "$out/load.log"
+    ;;
+naive)
+    timeout 560 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1,4 \
+        --baseline-turns 1 --concurrency 1,4 --server-arg=--max-len=1536 --out "$out/naive" 2>&1 | tee "$out/naive.log"
+    ;;
+*) echo "unknown part $part"; exit 2 ;;
+esac
