@@ -111,9 +111,16 @@ class Runner:
             self.decode_stream = torch.cuda.Stream(dev)
             self.prefill_stream = torch.cuda.Stream(dev)
         self._prefill_lock = threading.Lock()  # one prefill at a time (prefill thread + tools)
+        # the first frame of a segment (prefill thread): static inputs for its graph
+        self.first_slot = torch.zeros(1, dtype=torch.long, device=dev)
+        self.first_head = torch.zeros(1, c.num_semantic + 1, dtype=self.dtype, device=dev)
+        self.first_fast_in = torch.zeros(1, c.fast_dim, dtype=self.dtype, device=dev)
+        self.first_out = torch.zeros(1, 1 + c.num_codebooks, dtype=torch.long, device=dev)
+        self.first_frame_graph = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if self.cuda_graphs:
             self._capture_graphs()
+            self._capture_first_frame_graph()
 
     # --- prefill (prefill thread) ----------------------------------------------------------
 
@@ -152,14 +159,40 @@ class Runner:
             self.params.set_row(slot, params)
             self.windows[sl] = -1
             self.frame_index[sl] = 0
-            frame = sample_frame(
-                self.model, self.prefill_fast, head, fast_in, self.params.rows(sl), self.windows[sl], self.frame_index[sl]
-            )
-            self.tokens[sl] = frame
+            if self.first_frame_graph is not None:  # the fast transformer + sampling: one replay
+                self.first_head.copy_(head)
+                self.first_fast_in.copy_(fast_in)
+                self.first_slot.fill_(slot)
+                self.first_frame_graph.replay()
+            else:
+                self._first_frame(self.first_slot.fill_(slot), head, fast_in)
             self.positions[sl] = start + tokens.shape[1]
             self.frame_index[sl] = 1
-            host = frame[0].cpu()  # waits for this prefill only, never for the decode stream
+            host = self.first_out[0].cpu()  # waits for this prefill only, never for the decode stream
         return host.numpy()
+
+    def _first_frame(self, idx: Tensor, head: Tensor, fast_in: Tensor) -> None:
+        """Sample the first frame of the stream in row idx ([1]) from the prefill's last
+        position; its device state then feeds the decode batch."""
+        frame = sample_frame(
+            self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx]
+        )
+        self.tokens.index_copy_(0, idx, frame)
+        self.first_out.copy_(frame)
+
+    def _capture_first_frame_graph(self) -> None:
+        """The first frame's sampling (the fast transformer's ten steps and eleven draws,
+        ~1,000 small kernels) as one graph on the prefill stream, in its own memory pool:
+        it may run while a decode graph runs."""
+        with torch.inference_mode(), torch.cuda.stream(self.prefill_stream):
+            self.first_slot.fill_(self.scratch_row)
+            for _ in range(2):
+                self._first_frame(self.first_slot, self.first_head, self.first_fast_in)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self.prefill_stream, capture_error_mode="thread_local"):
+                self._first_frame(self.first_slot, self.first_head, self.first_fast_in)
+        torch.cuda.synchronize(self.device)
+        self.first_frame_graph = graph
 
     def _check_room(self, start: int, length: int) -> None:
         if start + length > self.max_len:
@@ -220,7 +253,7 @@ class Runner:
         self.windows.index_copy_(0, idx, windows)
         self.positions.index_copy_(0, idx, positions + 1)
         self.frame_index.index_copy_(0, idx, frame_index + 1)
-        self.positions[self.scratch_row] = 0  # padded rows must not walk off the KV
+        self.positions[self.scratch_row :].fill_(0)  # padded rows must not walk off the KV (a kernel, not a host copy)
         self.out[:bucket].copy_(out)
 
     def _capture_graphs(self) -> None:
