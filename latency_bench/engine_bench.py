@@ -109,9 +109,10 @@ def main(argv=None) -> int:
         results["gpu"] = torch.cuda.get_device_name(device)
     for mode in modes:
         runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=(mode == "graphs"))
-        results[mode] = {"decode": [bench_decode(runner, b, a.context, a.steps) for b in batches]}
-        if mode == "eager" or "prefill" not in results:
-            results["prefill"] = [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len]
+        results[mode] = {
+            "decode": [bench_decode(runner, b, a.context, a.steps) for b in batches],
+            "prefill": [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len],
+        }
         results["kv_bytes_per_stream"] = runner.kv_bytes_per_stream()
         del runner
         if device.type == "cuda":
@@ -126,8 +127,9 @@ def main(argv=None) -> int:
     for i, b in enumerate(batches):
         print(f"{b:>6} " + " ".join(
             f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
-    for pf in results["prefill"]:
-        print(f"prefill {pf['tokens']:>5} tokens: {pf['ms']:.1f} ms (to the first frame on the host)")
+    for m in modes:
+        for pf in results[m]["prefill"]:
+            print(f"{m} prefill {pf['tokens']:>5} tokens: {pf['ms']:.1f} ms (to the first frame on the host)")
     print(f"wrote {out / 'engine_bench.json'}")
     return 0
 

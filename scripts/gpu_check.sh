@@ -40,6 +40,12 @@ load)
     timeout 560 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
         --out "$out/load" 2>&1 | tee "$out/load.log"
     ;;
+load+naive)
+    timeout 330 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
+        --out "$out/load" 2>&1 | tee "$out/load.log"
+    timeout 230 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1,4 \
+        --baseline-turns 1 --concurrency 1,4 --server-arg=--max-len=1536 --out "$out/naive" 2>&1 | tee "$out/naive.log"
+    ;;
 naive)
     timeout 560 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1,4 \
         --baseline-turns 1 --concurrency 1,4 --server-arg=--max-len=1536 --out "$out/naive" 2>&1 | tee "$out/naive.log"
