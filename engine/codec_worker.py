@@ -1,7 +1,13 @@
 """The codec thread: turns code frames into PCM, batched across streams, off the decode
-thread. Items arrive in order per stream (frames, segment ends, slot resets); a run of
-frame items is decoded in as few batched calls as possible (one per distinct number of
-pending frames), and each stream's audio and segment ends reach its sink in order."""
+thread. Items arrive in order per stream (frames, segment ends, slot resets), and each
+stream's audio and segment ends reach its sink in order.
+
+Every decode call has a shape from a small fixed set: the batch is padded to a bucket
+(padding rows use a scratch slot) and each stream's pending frames go out in chunks of
+4, 2 or 1. cuDNN builds an execution plan the first time it sees a convolution shape,
+which was measured on an H200 at 100-1,500 ms per new shape for the release-size codec;
+with a fixed set, `warm_up()` builds them all before serving.
+"""
 
 from __future__ import annotations
 
@@ -39,11 +45,15 @@ class _Reset:
 
 
 _STOP = object()
+CHUNKS = (4, 2, 1)  # frames per stream per decode call
 
 
 class CodecWorker:
     def __init__(self, codec: torch.nn.Module, max_streams: int) -> None:
-        self.decoder = StreamingDecoder(codec, max_streams)
+        self.decoder = StreamingDecoder(codec, max_streams + 1)
+        self.scratch = max_streams  # the slot padding rows point at
+        self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < max_streams] + [max_streams]
+        self.num_codebooks = codec.num_codebooks
         self.device = self.decoder.device
         # its own CUDA stream: work on the legacy default stream would serialize with the
         # decode and prefill streams
@@ -106,35 +116,60 @@ class CodecWorker:
         return False
 
     @torch.inference_mode()
+    def warm_up(self) -> None:
+        """One call of every shape the worker will use (before the thread starts)."""
+        for n in CHUNKS:
+            for b in self.buckets:
+                self._call([self.scratch] * b, np.zeros((b, self.num_codebooks, n), dtype=np.int64))
+        self.decoder.reset(self.scratch)
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def _call(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
+        """Decode codes [B, C, n] for `slots` (B a bucket); returns PCM [B, n * hop]."""
+        with self._on_stream():
+            return self.decoder.decode(
+                torch.tensor(slots, device=self.device), torch.from_numpy(codes).to(self.device)
+            ).float().cpu().numpy()
+
+    @torch.inference_mode()
     def _decode(self, run: list[_Frame]) -> None:
         run = [f for f in run if f.owner.wanted(f.turn)]  # closed or cancelled: skip the work
-        if not run:
-            return
-        per_slot: OrderedDict[int, list[_Frame]] = OrderedDict()
+        pending: OrderedDict[int, list[_Frame]] = OrderedDict()
         for f in run:
-            per_slot.setdefault(f.slot, []).append(f)
-        by_count: dict[int, list[int]] = {}
-        for slot, frames in per_slot.items():
-            by_count.setdefault(len(frames), []).append(slot)
-        for count, slots in by_count.items():
-            codes = np.stack([np.stack([f.codes for f in per_slot[s]], axis=1) for s in slots])  # [B, C, n]
-            try:
-                with self._on_stream():
-                    pcm = self.decoder.decode(
-                        torch.tensor(slots, device=self.device), torch.from_numpy(codes).to(self.device)
-                    ).float().cpu().numpy()
-            except Exception as e:  # one bad batch must not stop the thread
+            pending.setdefault(f.slot, []).append(f)
+        while pending:  # each round takes the next chunk of every stream, in order
+            groups: dict[int, list[int]] = {}
+            for slot, frames in pending.items():
+                groups.setdefault(next(c for c in CHUNKS if c <= len(frames)), []).append(slot)
+            for n, slots in groups.items():
+                chunks = {s: pending[s][:n] for s in slots}
                 for s in slots:
+                    del pending[s][:n]
+                self._decode_group(n, slots, chunks)
+            pending = OrderedDict((s, f) for s, f in pending.items() if f)
+
+    def _decode_group(self, n: int, slots: list[int], chunks: dict[int, list[_Frame]]) -> None:
+        for start in range(0, len(slots), self.buckets[-1]):
+            part = slots[start : start + self.buckets[-1]]
+            bucket = next(b for b in self.buckets if b >= len(part))
+            codes = np.zeros((bucket, self.num_codebooks, n), dtype=np.int64)
+            for row, s in enumerate(part):
+                codes[row] = np.stack([f.codes for f in chunks[s]], axis=1)
+            try:
+                pcm = self._call(part + [self.scratch] * (bucket - len(part)), codes)
+            except Exception as e:  # one bad batch must not stop the thread
+                for s in part:
                     if self.on_error:
-                        self.on_error(per_slot[s][0].owner, e)
+                        self.on_error(chunks[s][0].owner, e)
                 continue
             self.calls += 1
-            self.frames_decoded += count * len(slots)
-            for row, s in enumerate(slots):
-                frames = per_slot[s]
-                # frames of one slot in a run share a turn except right at a turn switch
-                for turn, chunk in _split_by_turn(frames, pcm[row]):
-                    frames[0].owner.audio(turn, chunk)
+            self.frames_decoded += n * len(part)
+            for row, s in enumerate(part):
+                frames = chunks[s]
+                # frames of one chunk share a turn except right at a turn switch
+                for turn, audio in _split_by_turn(frames, pcm[row]):
+                    frames[0].owner.audio(turn, audio)
 
 
 def _split_by_turn(frames: list[_Frame], pcm: np.ndarray):

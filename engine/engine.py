@@ -138,6 +138,7 @@ class Engine:
     # --- lifecycle --------------------------------------------------------------------
 
     def start(self) -> "Engine":
+        self.codec.warm_up()
         self.codec.start()
         for t in self._threads:
             t.start()
