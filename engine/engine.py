@@ -47,6 +47,7 @@ class EngineConfig:
     # Baseline for benchmarks: one utterance at a time, the host waits for every step
     # (no pipelining), no CUDA graphs. Never faster; it exists to be compared against.
     naive: bool = False
+    log_timing: bool = False  # log each segment's say -> prefill -> first audio times
 
     def __post_init__(self) -> None:
         if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
@@ -86,6 +87,7 @@ class EngineStream:
         self.closed = False
         self.segments = 0
         self.sched: Stream | None = None
+        self.timing: dict[int, list[float]] = {}  # turn -> [say, prefill start, prefill end] (log_timing)
         self.latest_turn = 0  # highest turn handed to say()
         self.dropped_below = 0  # audio of turns below this was cancelled
 
@@ -102,6 +104,11 @@ class EngineStream:
     # codec worker callbacks
     def audio(self, turn: int, pcm: np.ndarray) -> None:
         if self.wanted(turn):
+            t = self.timing.pop(turn, None)
+            if t is not None:
+                now = time.perf_counter()
+                log.info("turn %d: say->prefill %.1f ms, prefill %.1f ms, prefill->audio %.1f ms",
+                         turn, 1000 * (t[1] - t[0]), 1000 * (t[2] - t[1]), 1000 * (now - t[2]))
             self.sink.on_audio(turn, pcm)
 
     def segment_end(self, turn: int, reason: str) -> None:
@@ -175,6 +182,8 @@ class Engine:
     def say(self, handle: EngineStream, turn: int, text: str) -> None:
         if not text.strip():
             raise ValueError("say() needs text")
+        if self.config.log_timing and turn not in handle.timing:
+            handle.timing[turn] = [time.perf_counter()]
         with self._lock:
             handle.latest_turn = max(handle.latest_turn, turn)
             self.sched.say(handle.sched, Segment(turn, text))
@@ -284,7 +293,12 @@ class Engine:
             pieces.append(prompts.segment_end())
         pieces.append(prompts.segment(work.segment.text))
         tokens = torch.cat(pieces, dim=1)
+        timing = handle.timing.get(work.segment.turn)
+        if timing is not None:
+            timing.append(time.perf_counter())
         frame = self.runner.prefill_segment(work.stream.slot, work.start, tokens, handle.sampling_for_next_segment())
+        if timing is not None:
+            timing.append(time.perf_counter())
         self.prefills += 1
         with self._lock:
             joined = self.sched.segment_done(work.stream, work, tokens.shape[1])

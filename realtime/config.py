@@ -55,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--max-reference-seconds", type=float, default=30.0)
     p.add_argument("--max-new-tokens", type=int, default=2048, help="upper bound clients may ask for (frames per segment)")
     p.add_argument("--no-demo", action="store_true", help="do not serve the browser demo at /")
+    p.add_argument("--log-timing", action="store_true", help="log each turn's say -> prefill -> first audio times")
     p.add_argument("--naive", action="store_true",
                    help="benchmark baseline: one utterance at a time, host sync after every step, no CUDA graphs")
     p.add_argument("--ignore-end", action="store_true",
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
         engine=EngineConfig(
             max_running=a.max_running, max_queued=a.max_queued, max_len=a.max_len,
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds,
-            naive=a.naive,
+            naive=a.naive, log_timing=a.log_timing,
         ),
         limits=Limits(
             max_message_bytes=int(a.max_message_mb * 2**20), max_text_chars=a.max_text_chars,

@@ -46,6 +46,11 @@ load+naive)
     timeout 230 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1,4 \
         --baseline-turns 1 --concurrency 1,4 --server-arg=--max-len=1536 --out "$out/naive" 2>&1 | tee "$out/naive.log"
     ;;
+timing)
+    timeout 300 python3 -m latency_bench "${bench[@]}" --concurrency 1 --turns 3 --max-new-tokens 60 \
+        --server-arg=--max-len=1536 --server-arg=--log-timing --out "$out/timing" 2>&1 | grep -v "^  c=" | tee "$out/timing.log"
+    grep "turn " "$out/timing/server-engine.log"
+    ;;
 diagnose)
     timeout 500 python3 -m latency_bench.diagnose --model s2-pro --device cuda --codec-batch 1,16,64 \
         --codec-frames 1,2,4 --concurrency 1,16 --frames 100 --out "$out/diagnose" 2>&1 | tee "$out/diagnose.log"
