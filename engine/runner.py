@@ -79,6 +79,11 @@ class Runner:
         c = self.config = bundle.config
         self.device, self.dtype = bundle.device, bundle.dtype
         self.cuda = self.device.type == "cuda"
+        if self.cuda:
+            # cuDNN's SDPA backend builds an execution plan per new (query, key) length,
+            # measured at 0.7-1.5 s per segment prefill on an H200 (every segment has new
+            # lengths); flash / memory-efficient / math attention need no plan.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.attention_kernel = self.cuda if attention_kernel is None else attention_kernel
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and not self.cuda:
