@@ -136,7 +136,8 @@ def uniform_noise(seed: Tensor, step: Tensor, codebook: int, index: Tensor) -> T
 def window_presence(window: Tensor, vocab: int) -> Tensor:
     """[B, W] int token window (-1 = empty) -> [B, vocab] bool 'appears in window'."""
     b = window.shape[0]
-    idx = torch.where(window >= 0, window.long(), vocab)
+    # empty entries (-1) and codes outside this head's rows go to a discarded column
+    idx = torch.where((window >= 0) & (window < vocab), window.long(), vocab)
     present = torch.zeros(b, vocab + 1, dtype=torch.bool, device=window.device)
     present.scatter_(1, idx, True)
     return present[:, :vocab]

@@ -36,7 +36,7 @@ def prepare_batch(runner: Runner, batch: int, context: int) -> list[int]:
     c = runner.config
     slots = list(range(batch))
     g = torch.Generator().manual_seed(0)
-    frames = torch.randint(0, c.num_semantic - 1, (batch, 1 + c.num_codebooks), generator=g)
+    frames = torch.randint(0, c.fast_vocab, (batch, 1 + c.num_codebooks), generator=g)
     frames[:, 0] += c.semantic_begin_id
     idx = torch.tensor(slots, device=runner.device)
     runner.tokens[idx] = frames.to(runner.device)
