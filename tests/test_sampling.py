@@ -152,3 +152,13 @@ def test_end_of_speech_can_be_blocked_for_fixed_length_runs():
     assert (blocked < num_semantic).all()
     greedy = sample_semantic(logits, params(4, temperature=0.0, allow_end=False), w, steps, num_semantic)
     assert (greedy < num_semantic).all()
+
+
+def test_window_codes_outside_the_head_are_ignored():
+    """A window may hold codes of a wider codebook than this head samples (S1 samples the
+    residual codes from the first 1024 rows): they must not index out of range."""
+    from engine.sampling import window_presence
+
+    window = torch.tensor([[3, 5000, -1, 49]], dtype=torch.int32)
+    present = window_presence(window, V)
+    assert present[0].nonzero().flatten().tolist() == [3, 49]
