@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# the codec's transformer blocks share the model's norm, rotary embedding and SwiGLU
+from engine.layers import FeedForward, RMSNorm, apply_rope  # noqa: F401 (re-exported)
+
 # q, k, v: [B, T, H, Dh] -> [B, T, H, Dh]
 Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -120,17 +123,6 @@ def rope_cos_sin(positions: Tensor, head_dim: int, base: float) -> Tensor:
     return torch.view_as_real(rotation).to(torch.bfloat16)
 
 
-def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
-    """Rotate interleaved pairs in fp32. x: [B, T, H, Dh]; cos_sin: [B or 1, T, Dh/2, 2]."""
-    xp = x.float().reshape(*x.shape[:-1], -1, 2)
-    cs = cos_sin.unsqueeze(2).float()  # [B, T, 1, Dh/2, 2]
-    cos, sin = cs[..., 0], cs[..., 1]
-    out = torch.stack(
-        [xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 1] * cos + xp[..., 0] * sin], dim=-1
-    )
-    return out.flatten(-2).type_as(x)
-
-
 def window_mask(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
     """True where a query may see a key: causal and at most `window - 1` frames back.
     q_pos: [..., Tq, 1]; k_pos: [..., 1, Tk] -> bool [..., Tq, Tk]."""
@@ -159,20 +151,6 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
     return y.transpose(1, 2)
 
 
-class RMSNorm(nn.Module):
-    """Normalised in fp32, cast back, then scaled (upstream's order)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
 class LayerScale(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -195,19 +173,6 @@ class Attention(nn.Module):
         q, k, v = self.wqkv(x).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
         y = attend(apply_rope(q, cos_sin), apply_rope(k, cos_sin), v)
         return self.wo(y.reshape(B, T, self.n_heads * self.head_dim))
-
-
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):
