@@ -77,27 +77,6 @@ def test_decode_loop_never_syncs_the_host(bundle):
 
 
 def test_engine_with_graphs_batched_equals_alone(bundle):
-    from test_engine import GREEDY as ENGINE_GREEDY
-    from test_engine import TEXTS as ENGINE_TEXTS
-    from test_engine import Recorder, alone, tap_frames
+    from test_engine import check_batched_equals_alone
 
-    from engine.engine import Engine, EngineConfig, StreamParams
-    from engine.voice import VoiceInput
-
-    n = 16
-    expected = [alone(bundle, t, n) for t in ENGINE_TEXTS]
-    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=0, max_len=512)).start()
-    tap_frames(engine)
-    try:
-        sinks = [Recorder() for _ in ENGINE_TEXTS]
-        handles = [engine.open(VoiceInput(), StreamParams(ENGINE_GREEDY, frame_budget=n), s) for s in sinks]
-        for s in sinks:
-            assert s.ready.wait(30)
-        for h, t in zip(handles, ENGINE_TEXTS):
-            engine.say(h, 1, t)
-        for s in sinks:
-            assert s.done.wait(60) and not s.errors
-        for s, exp in zip(sinks, expected):
-            assert all(np.array_equal(a, b) for a, b in zip(s.frames, exp)) and len(s.frames) == len(exp)
-    finally:
-        engine.stop()
+    check_batched_equals_alone(bundle)  # the engine picks CUDA graphs on a GPU
