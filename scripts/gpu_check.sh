@@ -32,6 +32,10 @@ tests+engine)
     timeout 330 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,4,16,32,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 100,300,1000 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     ;;
+profile)
+    timeout 200 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \
+        --out "$out/profile" 2>&1 | tee "$out/profile.log"
+    ;;
 engine-s1)
     timeout 300 python3 -m latency_bench.engine_bench --model s1-mini --device cuda --batch 1,4,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 100,300,1000 --out "$out/s1" 2>&1 | tee "$out/engine_bench_s1.log"

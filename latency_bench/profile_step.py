@@ -1,0 +1,74 @@
+"""`python -m latency_bench.profile_step`: where one decode step's GPU time goes.
+
+Runs the frame step eagerly (graphs hide their kernels from the profiler) under
+torch.profiler and prints the kernels grouped by name, sorted by total GPU time, with
+their counts per step; the sum is the step's GPU time (launch gaps aside).
+
+    python -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine.bundle import load_bundle
+from engine.runner import Runner
+from latency_bench.engine_bench import prepare_batch
+
+
+def profile_batch(runner: Runner, batch: int, context: int, steps: int) -> list[dict]:
+    slots = prepare_batch(runner, batch, context)
+    for _ in range(3):
+        runner.read(runner.launch(slots, context + 16))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.read(runner.launch(slots, context + 16))
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t = totals[e.name[:90]]
+            t[0] += e.device_time_total
+            t[1] += 1
+    rows = [{"kernel": k, "us_per_step": v[0] / steps, "count_per_step": v[1] / steps} for k, v in totals.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m latency_bench.profile_step", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="s2-pro")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batch", default="1,64")
+    p.add_argument("--context", type=int, default=400)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", default="out/profile")
+    a = p.parse_args(argv)
+    bundle = load_bundle(a.model, a.device)
+    batches = [int(x) for x in a.batch.split(",")]
+    runner = Runner(bundle, max(batches), 1536, cuda_graphs=False)
+    result = {}
+    for b in batches:
+        rows = profile_batch(runner, b, a.context, a.steps)
+        total = sum(r["us_per_step"] for r in rows)
+        kernels = sum(r["count_per_step"] for r in rows)
+        result[b] = {"gpu_us_per_step": total, "kernels_per_step": kernels, "top": rows[: a.top]}
+        print(f"\nbatch {b}: {total / 1000:.2f} ms of GPU time per step in {kernels:.0f} kernels")
+        for r in rows[: a.top]:
+            print(f"  {r['us_per_step']:9.1f} us  x{r['count_per_step']:6.1f}  {r['kernel']}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
