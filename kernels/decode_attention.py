@@ -17,8 +17,9 @@ softmax over its split of positions and writes a partial output and its log-sum-
 Pass 2 (`_combine_kernel`): grid (B, H); merges the splits. Splits beyond a stream's
 length write an empty partial (lse = -inf) and cost one program launch.
 
-Scores use elementwise products, not tl.dot: G (4 for S2-Pro) is below tl.dot's 16-row
-minimum, and the work is memory-bound anyway (every KV byte is read once per step).
+The G query heads of a KV head (4 for S2-Pro) are padded to tl.dot's 16-row minimum: the
+tensor cores idle on the padding, but the work is memory-bound (every KV byte is read
+once per step) and a register-resident broadcast product spilled.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from torch import Tensor
 
 # Positions per split and per inner block. 256-position splits keep the grid large enough
 # to fill 132 SMs at batch 1 with 8 KV heads and a ~1-2k context (8 x 4-8 programs per
-# stream); 32-position blocks keep a [G, 32, D] fp32 product in registers. Chosen, not yet
-# tuned on the H200 (latency_bench/engine_bench.py measures the whole step).
+# stream). Scores and the weighted sum use tl.dot with the head group padded to 16 rows:
+# the first version's [G, 32, D] fp32 broadcast product spilled registers and took
+# 46 us per call at batch 1 and 239 us at batch 64 (context 400, S2-Pro heads, H200,
+# latency_bench/profile_step.py), 40% of the step at batch 64.
 SPLIT = 256
-BLOCK_N = 32
+BLOCK_N = 64
 
 
 @triton.jit
@@ -45,48 +48,64 @@ def _decode_attention_split_kernel(
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     scale,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     length = tl.load(lengths_ptr + b)
     slot = tl.load(slots_ptr + b)
-    offs_g = tl.arange(0, GROUP)
+    offs_g = tl.arange(0, GROUP_PAD)  # query heads of this KV head, padded to tl.dot's 16 rows
     offs_d = tl.arange(0, HEAD_DIM)
-    heads = kv_head * GROUP + offs_g  # query heads sharing this KV head
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]).to(tl.float32)
-    q = q * scale  # [G, D]
+    heads = kv_head * GROUP + offs_g
+    real = offs_g < GROUP
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=real[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
 
-    m = tl.full([GROUP], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP], tl.float32)
-    acc = tl.zeros([GROUP, HEAD_DIM], tl.float32)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     start = split * SPLIT_SIZE
     end = tl.minimum(start + SPLIT_SIZE, length)
     k_row = k_ptr + slot * stride_kr + kv_head * stride_kk
     v_row = v_ptr + slot * stride_vr + kv_head * stride_vk
-    # a fixed trip count (masked past `end`): masked lanes read no memory, and the
-    # interpreter cannot loop over tensor bounds
-    for i in range(0, SPLIT_SIZE // BLOCK):
-        offs_n = start + i * BLOCK + tl.arange(0, BLOCK)
-        valid = offs_n < end
-        k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, BLOCK]
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked block: no NaN
-        alpha = tl.exp(m - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m = m_new
+    if start < end:  # splits past this stream's length do no work
+        # a fixed trip count (masked past `end`): masked lanes read no memory, and the
+        # interpreter cannot loop over tensor bounds
+        for i in range(0, SPLIT_SIZE // BLOCK):
+            offs_n = start + i * BLOCK + tl.arange(0, BLOCK)
+            valid = offs_n < end
+            k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
+            if DOT_FP32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            if DOT_FP32:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))  # bf16 tensor cores, fp32 accumulation
+            scores = scores * scale  # [G_PAD, BLOCK] fp32
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked block: no NaN
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            if DOT_FP32:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m = m_new
 
     empty = l == 0.0  # split past this stream's length
     out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l)[:, None])
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
-    tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], out)
-    tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse)
+    tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], out,
+             mask=real[:, None])
+    tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=real)
 
 
 @triton.jit
@@ -142,7 +161,9 @@ def decode_attention(
         part.stride(0), part.stride(1), part.stride(2),
         lse.stride(0), lse.stride(1),
         d ** -0.5,
-        GROUP=group, HEAD_DIM=d, SPLIT_SIZE=SPLIT, BLOCK=BLOCK_N,
+        GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=SPLIT, BLOCK=BLOCK_N,
+        # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda,
     )
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b, h)](

@@ -32,6 +32,11 @@ tests+engine)
     timeout 330 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,4,16,32,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 100,300,1000 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     ;;
+quick)
+    timeout 90 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
+        --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
+    ;;
 profile)
     timeout 200 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \
         --out "$out/profile" 2>&1 | tee "$out/profile.log"
