@@ -30,6 +30,17 @@ class PrefillMeta:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchPrefillMeta:
+    """Several streams each append their own number of positions (right-padded to S)."""
+
+    slots: Tensor  # [B] int64 KV rows
+    starts: Tensor  # [B] int64 position of each stream's first new token
+    lengths: Tensor  # [B] int64 real (unpadded) new tokens per stream
+    kv_len: int  # attend over positions [0, kv_len); >= every start + length
+    scratch_row: int  # padded positions write here
+
+
+@dataclass(frozen=True, slots=True)
 class DecodeMeta:
     slots: Tensor  # [B] int64, KV row of each stream
     positions: Tensor  # [B] int64, position of each stream's new token
@@ -42,7 +53,7 @@ class FastMeta:
     step: int  # 0 = slow hidden state, i = code i-1 (i < num_codebooks)
 
 
-AttentionMeta = PrefillMeta | DecodeMeta | FastMeta
+AttentionMeta = PrefillMeta | BatchPrefillMeta | DecodeMeta | FastMeta
 
 
 def attend(
@@ -54,6 +65,8 @@ def attend(
         return _decode(q, k, v, k_cache, v_cache, meta)
     if isinstance(meta, PrefillMeta):
         return _prefill(q, k, v, k_cache, v_cache, meta)
+    if isinstance(meta, BatchPrefillMeta):
+        return _prefill_batch(q, k, v, k_cache, v_cache, meta)
     return _fast(q, k, v, k_cache, v_cache, meta)
 
 
@@ -81,6 +94,24 @@ def _prefill(q, k, v, k_cache, v_cache, meta: PrefillMeta) -> Tensor:
     q_pos = torch.arange(start, end, device=q.device)[:, None]
     mask = torch.arange(end, device=q.device)[None, :] <= q_pos
     return _sdpa(q, keys, values, mask)
+
+
+def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
+    b, s = q.shape[:2]
+    rows, length = k_cache.shape[0], k_cache.shape[1]
+    j = torch.arange(s, device=q.device)
+    valid = j[None, :] < meta.lengths[:, None]  # [B, S]
+    pos = meta.starts[:, None] + j[None, :]  # [B, S]
+    flat = torch.where(valid, meta.slots[:, None] * length + pos, meta.scratch_row * length).flatten()
+    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, k.flatten(0, 1))
+    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, v.flatten(0, 1))
+    keys = k_cache[meta.slots, : meta.kv_len]  # [B, kv_len, K, Dh]
+    values = v_cache[meta.slots, : meta.kv_len]
+    key_pos = torch.arange(meta.kv_len, device=q.device)
+    mask = key_pos[None, None, :] <= pos[:, :, None]  # [B, S, kv_len]
+    # padded queries attend to position 0 only (their output is never used; no NaN rows)
+    mask = torch.where(valid[:, :, None], mask, key_pos[None, None, :] == 0)
+    return _sdpa(q, keys, values, mask[:, None])
 
 
 def _decode(q, k, v, k_cache, v_cache, meta: DecodeMeta) -> Tensor:

@@ -27,7 +27,7 @@ from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
 from engine.prompt import Reference, Voice
-from engine.runner import Runner
+from engine.runner import MAX_PREFILL_BATCH, Runner
 from engine.sampling import SamplingParams
 from engine.scheduler import PrefillWork, Refused, Scheduler, Segment, Stream
 from engine.voice import LRUBytes, ReferenceInput, VoiceInput
@@ -225,28 +225,39 @@ class Engine:
     # --- prefill thread ---------------------------------------------------------------
 
     def _prefill_loop(self) -> None:
+        limit = 1 if self.config.naive else MAX_PREFILL_BATCH
         while True:
             with self._lock:
-                work = None
-                while not self._stopping and (work := self.sched.next_prefill()) is None:
+                works = []
+                while not self._stopping and not (works := self.sched.next_prefills(limit)):
                     self._lock.wait(0.5)
                 if self._stopping:
                     return
-            handle: EngineStream = work.stream.owner
-            try:
-                if work.kind == "voice":
-                    self._prefill_voice(work, handle)
-                else:
-                    self._prefill_segment(work, handle)
-            except Exception as e:
-                code = "bad_audio" if isinstance(e, AudioError) else getattr(e, "code", "internal")
-                if code == "internal":
-                    log.exception("prefill failed")
-                with self._lock:
-                    self.sched.prefill_failed(work.stream)
-                    self._lock.notify_all()
-                if not handle.closed:
-                    handle.sink.on_error(code, str(e) if code != "internal" else f"prefill failed: {e}")
+            if works[0].kind == "voice":
+                self._guarded(works[0], self._prefill_voice)
+            else:
+                self._prefill_segments(works)
+
+    def _guarded(self, work: PrefillWork, fn) -> bool:
+        """Run one stream's prefill step; a failure ends that stream's work with an error
+        event and never the thread."""
+        try:
+            fn(work, work.stream.owner)
+            return True
+        except Exception as e:
+            self._fail_work(work, e)
+            return False
+
+    def _fail_work(self, work: PrefillWork, e: Exception) -> None:
+        handle: EngineStream = work.stream.owner
+        code = "bad_audio" if isinstance(e, AudioError) else getattr(e, "code", "internal")
+        if code == "internal":
+            log.exception("prefill failed", exc_info=e)
+        with self._lock:
+            self.sched.prefill_failed(work.stream)
+            self._lock.notify_all()
+        if not handle.closed:
+            handle.sink.on_error(code, str(e) if code != "internal" else f"prefill failed: {e}")
 
     def _reference_codes(self, ref: ReferenceInput) -> torch.Tensor:
         if ref.codes is not None:
@@ -284,7 +295,8 @@ class Engine:
         if not handle.closed:
             handle.sink.on_ready(cached, (time.perf_counter() - t0) * 1000)
 
-    def _prefill_segment(self, work: PrefillWork, handle: EngineStream) -> None:
+    def _segment_tokens(self, work: PrefillWork) -> torch.Tensor:
+        """The previous turn's closing (if any) + this segment's prompt, [1 + C, T]."""
         prompts = self.bundle.prompts
         pieces = []
         if work.closing is not None:
@@ -292,19 +304,46 @@ class Engine:
                 pieces.append(torch.from_numpy(np.asarray(work.closing.cut_frame))[:, None])
             pieces.append(prompts.segment_end())
         pieces.append(prompts.segment(work.segment.text))
-        tokens = torch.cat(pieces, dim=1)
-        timing = handle.timing.get(work.segment.turn)
-        if timing is not None:
-            timing.append(time.perf_counter())
-        frame = self.runner.prefill_segment(work.stream.slot, work.start, tokens, handle.sampling_for_next_segment())
-        if timing is not None:
-            timing.append(time.perf_counter())
-        self.prefills += 1
+        return torch.cat(pieces, dim=1)
+
+    def _prefill_segments(self, works: list[PrefillWork]) -> None:
+        """Prefill segments of several streams in one batch (one stream's bad segment is
+        reported to it alone and left out of the batch)."""
+        items = []
+        for work in works:
+            prepared = {}
+
+            def prepare(work, handle, prepared=prepared):
+                tokens = self._segment_tokens(work)
+                self.runner._check_room(work.start, tokens.shape[1])
+                prepared["item"] = (work, tokens, handle.sampling_for_next_segment())
+
+            if self._guarded(work, prepare):
+                items.append(prepared["item"])
+        if not items:
+            return
+        timings = [w.stream.owner.timing.get(w.segment.turn) for w, _, _ in items]
+        for t in timings:
+            if t is not None:
+                t.append(time.perf_counter())
+        try:
+            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items])
+        except Exception as e:  # the whole batch failed: every stream in it hears why
+            for work, _, _ in items:
+                self._fail_work(work, e)
+            return
+        for t in timings:
+            if t is not None:
+                t.append(time.perf_counter())
+        self.prefills += len(items)
+        outcomes = []
         with self._lock:
-            joined = self.sched.segment_done(work.stream, work, tokens.shape[1])
-            outcome = self.sched.frame(work.stream, work.segment.id, frame, int(frame[0]) == self.im_end_id) if joined else None
+            for (work, tokens, _), frame in zip(items, frames):
+                if self.sched.segment_done(work.stream, work, tokens.shape[1]):
+                    is_end = int(frame[0]) == self.im_end_id
+                    outcomes.append((work, frame, self.sched.frame(work.stream, work.segment.id, frame, is_end)))
             self._lock.notify_all()
-        if outcome is not None:
+        for work, frame, outcome in outcomes:
             self._emit(work.stream, work.segment.turn, frame, outcome)
 
     def _emit(self, stream: Stream, turn: int, frame: np.ndarray, outcome) -> None:

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from engine.attention import DecodeMeta, FastMeta, PrefillMeta
+from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta
 from engine.config import ModelConfig
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import RMSNorm, TransformerBlock, rope_table
@@ -116,6 +116,18 @@ class DualARModel(nn.Module):
         positions = torch.arange(start, start + s, device=tokens.device)[None]
         x = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start))
         return self._head(x[:, -1])
+
+    def prefill_batch(
+        self, tokens: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor, kv_len: int, kv: KVCache
+    ) -> tuple[Tensor, Tensor]:
+        """Append a segment to each of B streams at once. tokens: [B, 1 + C, S], right-padded;
+        slots, starts, lengths: [B] int64 (device). Returns the head logits and fast input
+        at each stream's last real position: [B, num_semantic + 1], [B, fast_dim]."""
+        b, s = tokens.shape[0], tokens.shape[-1]
+        positions = (starts[:, None] + torch.arange(s, device=tokens.device)[None, :]).clamp(max=self.config.max_seq_len - 1)
+        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row)
+        x = self._slow(self.embed(tokens), positions, kv, meta)
+        return self._head(x[torch.arange(b, device=x.device), lengths - 1])
 
     def decode_slow(
         self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False

@@ -38,6 +38,9 @@ from engine.kv_cache import FastCache, KVCache
 from engine.sampling import SamplingParams, SamplingTensors
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Segments prefilled together at most: one prefill launches ~1,000 kernels whatever its
+# batch, so when many streams flush at once they share those launches.
+MAX_PREFILL_BATCH = 16
 
 
 def batch_buckets(max_running: int) -> list[int]:
@@ -96,7 +99,7 @@ class Runner:
         self.kv = KVCache.allocate(c, max_running, self.max_len, dev, self.dtype)
         self.scratch_row = self.kv.scratch_row
         self.decode_fast = FastCache.allocate(c, self.buckets[-1], dev, self.dtype)
-        self.prefill_fast = FastCache.allocate(c, 1, dev, self.dtype)
+        self.prefill_fast = FastCache.allocate(c, MAX_PREFILL_BATCH, dev, self.dtype)
         self.tokens = torch.zeros(rows, 1 + c.num_codebooks, dtype=torch.long, device=dev)
         self.positions = torch.zeros(rows, dtype=torch.long, device=dev)
         self.frame_index = torch.zeros(rows, dtype=torch.long, device=dev)
@@ -173,8 +176,45 @@ class Runner:
                 self._first_frame(self.first_slot.fill_(slot), head, fast_in)
             self.positions[sl] = start + tokens.shape[1]
             self.frame_index[sl] = 1
-            host = self.first_out[0].cpu()  # waits for this prefill only, never for the decode stream
+            host = self.first_out[0].to("cpu", copy=True)  # waits for this prefill only; a copy, also on a CPU
         return host.numpy()
+
+    @torch.inference_mode()
+    def prefill_segments(self, items: list[tuple[int, int, Tensor, SamplingParams]]) -> list[np.ndarray]:
+        """Prefill several streams' segments together: items are (slot, start, tokens
+        [1 + C, T], params). Same results as prefill_segment on each, one batch of work."""
+        if len(items) == 1:
+            return [self.prefill_segment(*items[0])]
+        if len(items) > MAX_PREFILL_BATCH:
+            raise ValueError(f"at most {MAX_PREFILL_BATCH} segments per batched prefill")
+        for slot, start, tokens, _ in items:
+            self._check_room(start, tokens.shape[1])
+        c = self.config
+        s = max(t.shape[1] for _, _, t, _ in items)
+        batch = torch.zeros(len(items), 1 + c.num_codebooks, s, dtype=torch.long)
+        for row, (_, _, tokens, _) in enumerate(items):
+            batch[row, :, : tokens.shape[1]] = tokens
+        slots = [slot for slot, _, _, _ in items]
+        starts = [start for _, start, _, _ in items]
+        lengths = [t.shape[1] for _, _, t, _ in items]
+        kv_len = max(a + n for a, n in zip(starts, lengths))
+        dev = self.device
+        with self._prefill_lock, self._on_prefill_stream():
+            idx = torch.tensor(slots, device=dev)
+            start_t, length_t = torch.tensor(starts, device=dev), torch.tensor(lengths, device=dev)
+            head, fast_in = self.model.prefill_batch(batch.to(dev), idx, start_t, length_t, kv_len, self.kv)
+            for (slot, _, _, params) in items:
+                self.params.set_row(slot, params)
+            self.windows.index_fill_(0, idx, -1)
+            self.frame_index.index_fill_(0, idx, 0)
+            frames = sample_frame(
+                self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx]
+            )
+            self.tokens.index_copy_(0, idx, frames)
+            self.positions.index_copy_(0, idx, start_t + length_t)
+            self.frame_index.index_fill_(0, idx, 1)
+            host = frames.to("cpu", copy=True)
+        return list(host.numpy())
 
     def _first_frame(self, idx: Tensor, head: Tensor, fast_in: Tensor) -> None:
         """Sample the first frame of the stream in row idx ([1]) from the prefill's last

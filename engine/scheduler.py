@@ -187,6 +187,27 @@ class Scheduler:
 
     def next_prefill(self) -> PrefillWork | None:
         """Segments first (a waiting user hears audio sooner), then voice prefixes."""
+        work = self.next_prefills(1)
+        return work[0] if work else None
+
+    def next_prefills(self, limit: int) -> list[PrefillWork]:
+        """Up to `limit` segment prefills (prefilled together in one batch), or else one
+        voice prefix."""
+        works = []
+        limit = 1 if self.serial else limit
+        while len(works) < limit and (work := self._next_segment_work()) is not None:
+            works.append(work)
+        if works:
+            return works
+        while self.voice_work:
+            stream = self.voice_work.popleft()
+            if stream.live:
+                return [PrefillWork(stream, "voice")]
+            stream.prefill_busy = False
+            self._try_release(stream)
+        return []
+
+    def _next_segment_work(self) -> PrefillWork | None:
         busy = self.serial and any(s.phase is Phase.DECODING for s in self.streams.values())
         while self.segment_work and not busy:
             stream = self.segment_work.popleft()
@@ -195,12 +216,6 @@ class Scheduler:
             stream.prefill_busy = False
             if stream.live:
                 stream.phase = Phase.IDLE
-            self._try_release(stream)
-        while self.voice_work:
-            stream = self.voice_work.popleft()
-            if stream.live:
-                return PrefillWork(stream, "voice")
-            stream.prefill_busy = False
             self._try_release(stream)
         return None
 

@@ -164,3 +164,26 @@ def test_a_voice_too_long_for_the_context_is_an_error(bundle):
         assert sink.errors[0][0] == "too_large" and "leaves no room" in sink.errors[0][1]
     finally:
         engine.stop()
+
+
+def test_batched_prefill_equals_one_at_a_time(bundle):
+    """Segments of several streams at different positions, prefilled in one batch, give
+    the same first frames, device state and KV as prefilled one by one."""
+    from engine.runner import Runner
+
+    greedy = SamplingParams(temperature=0.0)
+    texts = ["Hello there.", "A longer sentence, with a clause in it.", "Short!"]
+    slots = (2, 0, 3)
+    prefixes = [bundle.prompts.voice_prefix(None)[:, :k] for k in (5, 9, 3)]
+    one, many = Runner(bundle, 4, 512), Runner(bundle, 4, 512)
+    for runner in (one, many):
+        for slot, prefix in zip(slots, prefixes):
+            runner.prefill_prefix(slot, prefix)
+    items = [(slot, p.shape[1], bundle.prompts.segment(t), greedy) for slot, p, t in zip(slots, prefixes, texts)]
+    single = [one.prefill_segment(*item) for item in items]
+    batched = many.prefill_segments(items)
+    for slot, a, b in zip(slots, single, batched):
+        assert np.array_equal(a, b)
+        assert torch.equal(one.tokens[slot], many.tokens[slot]) and int(one.positions[slot]) == int(many.positions[slot])
+        n = int(one.positions[slot])
+        torch.testing.assert_close(one.kv.k[:, slot, :n], many.kv.k[:, slot, :n], rtol=1e-5, atol=1e-6)
