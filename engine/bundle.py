@@ -62,9 +62,21 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+QUANT_MODES = ("none", "fp8")
+
+
 def load_bundle(
-    spec: str = "default", device: str | None = None, dtype: torch.dtype | None = None, seed: int = 0
+    spec: str = "default",
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    quant: str = "none",
 ) -> ModelBundle:
+    """`quant="fp8"` swaps every linear layer of the slow and fast transformers for
+    block-scaled FP8 (engine/quant.py; the Triton kernels on a GPU, their PyTorch
+    reference on a CPU). Not yet measured on a GPU: see kernels/FP8_NOTES.md."""
+    if quant not in QUANT_MODES:
+        raise ValueError(f"unknown quantization {quant!r}; known: {', '.join(QUANT_MODES)}")
     device = resolve_device(device)
     dtype = dtype or default_dtype(device)
     t0 = time.perf_counter()
@@ -83,6 +95,10 @@ def load_bundle(
             raise CheckpointError(f"{folder}: missing codec.pth (needed to turn codes into audio)")
         codec = load_codec(folder / "codec.pth", device=device, dtype=dtype)
     _check_codec_fits(model.config, codec, spec)
+    if quant == "fp8":
+        from engine.quant import quantize_model_
+
+        quantize_model_(model, kernel=torch.device(device).type == "cuda")
     return ModelBundle(
         name=spec,
         model=model,

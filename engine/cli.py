@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="out.wav", help="output WAV path (default: out.wav)")
     p.add_argument("--model", default="default", help="default | tiny | s1-mini | s2-pro | checkpoint folder")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    p.add_argument("--quant", default="none", choices=["none", "fp8"], help="weight quantization (fp8: block-scaled FP8 linears)")
     p.add_argument("--reference", action="append", default=[], help="reference audio file (repeatable)")
     p.add_argument("--reference-text", action="append", default=[], help="transcript of each --reference")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: nothing to say (the text is empty after normalization)", file=sys.stderr)
         return 2
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    bundle = load_bundle(args.model, args.device)
+    bundle = load_bundle(args.model, args.device, quant=args.quant)
     print(f"model {bundle.name} on {bundle.device} ({bundle.dtype}), loaded in {bundle.load_seconds:.2f} s")
     synth = Synthesizer(bundle)
     voice = Voice([synth.encode_reference(a, t) for a, t in zip(args.reference, args.reference_text)])

@@ -95,15 +95,16 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-lengths", default="100,300,1000")
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--no-graphs", action="store_true", help="eager only (CUDA)")
+    p.add_argument("--quant", default="none", choices=["none", "fp8"])
     p.add_argument("--out", default="out/engine_bench")
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
-    bundle = load_bundle(a.model, a.device)
+    bundle = load_bundle(a.model, a.device, quant=a.quant)
     device = bundle.device
     modes = ["eager"]
     if device.type == "cuda" and not a.no_graphs:
         modes.append("graphs")
-    results: dict = {"model": bundle.name, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
+    results: dict = {"model": bundle.name, "quant": a.quant, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
                      "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)

@@ -16,7 +16,7 @@ from realtime.config import parse_args
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    bundle = load_bundle(config.model, config.device)
+    bundle = load_bundle(config.model, config.device, quant=config.quant)
     print(f"model {bundle.name} on {bundle.device} ({bundle.dtype}), loaded in {bundle.load_seconds:.1f} s", flush=True)
     engine = Engine(bundle, config.engine)
     app = build_app(config, engine)

@@ -18,6 +18,7 @@ class ServiceConfig:
     port: int = 8765
     model: str = "default"
     device: str = "auto"
+    quant: str = "none"  # "fp8": block-scaled FP8 linear layers
     engine: EngineConfig = field(default_factory=EngineConfig)
     limits: Limits = field(default_factory=Limits)
     api_keys: frozenset[str] = frozenset()  # empty: no authentication
@@ -41,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--model", default="default", help="default | tiny | s1-mini | s2-pro | checkpoint folder")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: cuda if present)")
+    p.add_argument("--quant", default="none", choices=["none", "fp8"], help="weight quantization of the transformers")
     p.add_argument("--max-running", type=int, default=8, help="streams holding a KV slot at once")
     p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
     p.add_argument("--max-len", type=int, default=4096, help="KV positions per stream")
@@ -67,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
         port=a.port,
         model=a.model,
         device=a.device,
+        quant=a.quant,
         engine=EngineConfig(
             max_running=a.max_running, max_queued=a.max_queued, max_len=a.max_len,
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds,

@@ -1,0 +1,140 @@
+"""FP8 weights for the slow and fast transformers (`--quant fp8`).
+
+Every linear layer of both transformers' blocks (attention wqkv and wo, the MLP's w1, w3
+and w2) keeps its weight as e4m3 codes with one fp32 scale per 128 x 128 block, quantized
+once at load time (kernels/fp8_quant.py). A forward quantizes its activations to e4m3
+with one scale per 1 x 128 group (one launch) and runs the block-scaled GEMM
+(kernels/fp8_gemm.py), output in the activations' dtype. The MLP fuses w1 and w3 into one
+GEMM, then computes silu(gate) * up and quantizes it in one launch, so the product never
+goes through memory in bf16:
+
+    x [M, D] -> quantize -> GEMM w13 [2H, D] -> [M, 2H] -> silu * up + quantize -> GEMM w2 [D, H] -> [M, D]
+
+Untouched: embeddings, the sampling heads (slow `head_weight` / `output`, `fast_output`),
+`fast_project_in` and the norms (a few MB, read once per step, and where the logits are
+made).
+
+Graph safety: forwards allocate outputs whose shapes depend on input shapes only, branch
+on shapes and module attributes only, never read device data on the host. Launch choices
+are a function of (M, N, K), so a graph captured for a batch bucket replays as captured.
+
+`kernel=False` runs the PyTorch references of the same functions (same quantized
+operands, fp32 matmul): the switch tests flip (Triton is still imported: the references
+live beside their kernels).
+
+Engine hook (not wired here): after the model is loaded and before the Runner warms up
+and captures its graphs, call `quantize_model_(bundle.model)`; see kernels/FP8_NOTES.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from engine.layers import Attention, FeedForward, TransformerBlock
+
+
+def _ops(kernel: bool):
+    """(quantize_act, swiglu_quant, gemm) of the Triton path or of the references; imported
+    on use, so that importing this module never needs Triton."""
+    from kernels import fp8_quant as q
+
+    if kernel:
+        from kernels.fp8_gemm import fp8_gemm
+
+        return q.quantize_act, q.swiglu_quant, fp8_gemm
+    from kernels.fp8_gemm import fp8_gemm_reference
+
+    return q.quantize_act_reference, q.swiglu_quant_reference, fp8_gemm_reference
+
+
+def _quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
+    from kernels.fp8_quant import quantize_weight
+
+    return quantize_weight(w.detach())
+
+
+class FP8Linear(nn.Module):
+    """y = x @ W.T (+ b) with W as block-scaled e4m3. x: [..., K] -> [..., N] in x's dtype."""
+
+    def __init__(self, weight_q: Tensor, weight_scale: Tensor, bias: Tensor | None = None, kernel: bool = True) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_q.shape
+        self.register_buffer("weight_q", weight_q)  # [N, K] float8_e4m3fn
+        self.register_buffer("weight_scale", weight_scale)  # [cdiv(N, 128), cdiv(K, 128)] fp32
+        self.register_buffer("bias", bias)
+        self.kernel = kernel
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: bool = True) -> "FP8Linear":
+        q, s = _quantize_weight(linear.weight)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(q, s, bias, kernel)
+
+    def forward(self, x: Tensor) -> Tensor:
+        quantize, _, gemm = _ops(self.kernel)
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        y = gemm(*quantize(x2), self.weight_q, self.weight_scale, x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
+
+
+class FP8FeedForward(nn.Module):
+    """SwiGLU w2(silu(w1 x) * w3 x) with w1 and w3 stacked into one FP8 GEMM [2H, D] and the
+    SwiGLU fused into the quantization that feeds w2."""
+
+    def __init__(self, w13: FP8Linear, w2: FP8Linear, kernel: bool = True) -> None:
+        super().__init__()
+        self.hidden = w13.out_features // 2
+        self.w13, self.w2 = w13, w2
+        self.kernel = kernel
+
+    @classmethod
+    def from_feed_forward(cls, ff: FeedForward, kernel: bool = True) -> "FP8FeedForward":
+        # one weight [2H, D]: gate rows then up rows (a block may straddle the seam when
+        # H % 128 != 0; it is then one block of the stacked matrix, scaled as such)
+        stacked = torch.cat([ff.w1.weight.detach(), ff.w3.weight.detach()])
+        w13 = FP8Linear(*_quantize_weight(stacked), kernel=kernel)
+        return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel)
+
+    def forward(self, x: Tensor) -> Tensor:
+        quantize, swiglu_quantize, gemm = _ops(self.kernel)
+        x2 = x.reshape(-1, x.shape[-1])  # [M, D]
+        gu = gemm(*quantize(x2), self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]
+        h = swiglu_quantize(gu[:, : self.hidden], gu[:, self.hidden :])  # e4m3 [M, H] + scales
+        y = gemm(*h, self.w2.weight_q, self.w2.weight_scale, x.dtype)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _quantize_block_(block: TransformerBlock, kernel: bool) -> None:
+    attn: Attention = block.attention
+    attn.wqkv = FP8Linear.from_linear(attn.wqkv, kernel)
+    attn.wo = FP8Linear.from_linear(attn.wo, kernel)
+    block.feed_forward = FP8FeedForward.from_feed_forward(block.feed_forward, kernel)
+
+
+@torch.no_grad()
+def quantize_model_(model: nn.Module, kernel: bool = True) -> nn.Module:
+    """Swap every linear layer of the slow (`model.layers`) and fast (`model.fast_layers`)
+    transformer blocks for FP8 ones, in place; frees the bf16 weights as it goes (peak
+    extra memory: one weight in fp32). Idempotent. Returns the model."""
+    for block in [*model.layers, *model.fast_layers]:
+        if not isinstance(block.feed_forward, FP8FeedForward):
+            _quantize_block_(block, kernel)
+    return model
+
+
+def set_kernel_(model: nn.Module, kernel: bool) -> nn.Module:
+    """Flip every FP8 module between the Triton kernels and the PyTorch references."""
+    for mod in model.modules():
+        if isinstance(mod, (FP8Linear, FP8FeedForward)):
+            mod.kernel = kernel
+    return model
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, FP8Linear) for m in model.modules())

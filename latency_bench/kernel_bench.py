@@ -1,0 +1,321 @@
+"""`python -m latency_bench.kernel_bench`: the FP8 decode kernels against cuBLAS, same run.
+
+Per S2-Pro linear shape (the fast transformer's layers have the same widths) and batch
+M = 1..128: the block-scaled FP8 GEMM (kernels/fp8_gemm.py) on pre-quantized activations,
+the same with its activation quantization, cuBLAS FP8 (`torch._scaled_mm`, per-tensor
+scales, pre-quantized) and cuBLAS bf16 (`matmul`); then the whole MLP block at M = 1
+(2560 -> 2 x 9728 -> 2560). Prints a table, writes <out>/kernel_bench.json.
+
+    python -m latency_bench.kernel_bench --out out/kernel_bench                  # the table (H200)
+    python -m latency_bench.kernel_bench --sweep --m 1,8 --shapes wqkv,wo         # tile sweep, part of it
+    python -m latency_bench.kernel_bench --smoke                                  # CPU: checks the script
+
+Timing: every candidate runs inside one CUDA graph over enough distinct weight copies to
+exceed 4x the L2 cache, so each call streams its weights from HBM, back to back, as the
+36 slow layers do in the engine's captured decode step; time per call = graph time /
+calls. The floors assume 4.3 TB/s and 990 TFLOP/s dense fp8 (H200). Absolute numbers
+count only from the GPU; `--smoke` times the Triton interpreter and means nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HBM_BYTES_PER_S = 4.3e12  # H200 HBM3e copy bandwidth
+FP8_FLOPS = 990e12  # H200 dense e4m3 tensor-core peak
+L2_BYTES = 50 * 2**20
+GROUP = 128
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    k: int  # in features
+    n: int  # out features
+    in_geomean: bool = True
+
+
+SHAPES = [
+    Shape("wqkv", 2560, 6144),
+    Shape("wo", 4096, 2560),
+    Shape("w1/w3", 2560, 9728),
+    Shape("w2", 9728, 2560),
+    Shape("w13", 2560, 19456, in_geomean=False),  # w1 and w3 stacked: what the FP8 MLP runs
+]
+SMOKE_SHAPES = [Shape("wqkv", 256, 384), Shape("w2", 300, 200)]
+MS = [1, 2, 4, 8, 16, 32, 64, 128]
+MLP = (2560, 9728)  # Qwen3-4B / S2-Pro: dim, hidden
+SMOKE_MLP = (256, 300)
+
+
+def floors(m: int, k: int, n: int) -> dict:
+    """Bytes and FLOPs of one block-scaled FP8 GEMM and the time each alone would take."""
+    kb, nb = -(-k // GROUP), -(-n // GROUP)
+    nbytes = n * k + 4 * nb * kb + m * k + 4 * m * kb + 2 * m * n
+    flops = 2 * m * n * k
+    return {"bytes": nbytes, "flops": flops, "bytes_us": 1e6 * nbytes / HBM_BYTES_PER_S,
+            "flops_us": 1e6 * flops / FP8_FLOPS, "floor_us": 1e6 * max(nbytes / HBM_BYTES_PER_S, flops / FP8_FLOPS)}
+
+
+# --- timing -----------------------------------------------------------------------------
+
+class Timer:
+    """Microseconds per call of a list of same-shaped calls (one per weight copy)."""
+
+    def __init__(self, device: torch.device, replays: int = 20) -> None:
+        self.device, self.replays = device, replays
+
+    def us_per_call(self, calls: list[Callable[[], object]]) -> float:
+        """NaN when the calls fail (a baseline that refuses a shape is reported, not fatal)."""
+        try:
+            return self._time(calls)
+        except (RuntimeError, ValueError) as e:
+            print(f"  (skipped: {str(e).splitlines()[0][:120]})", file=sys.stderr)
+            return float("nan")
+
+    def _time(self, calls: list[Callable[[], object]]) -> float:
+        for c in calls:  # compile and warm the allocator outside any capture
+            c()
+        if self.device.type != "cuda":
+            t0 = time.perf_counter()
+            for c in calls:
+                c()
+            return 1e6 * (time.perf_counter() - t0) / len(calls)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(self.replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        del graph
+        return 1e3 * start.elapsed_time(end) / (self.replays * len(calls))
+
+
+def copies_for(weight_bytes: int, smoke: bool) -> int:
+    return 2 if smoke else max(2, min(64, math.ceil(4 * L2_BYTES / weight_bytes)))
+
+
+# --- one linear shape -------------------------------------------------------------------
+
+@dataclass
+class Weights:
+    wq: torch.Tensor  # [N, K] e4m3 (block-scaled codes; cuBLAS reads the same bytes per-tensor)
+    ws: torch.Tensor  # [NB, KB] fp32
+    wb: torch.Tensor  # [N, K] bf16
+
+
+def make_weights(shape: Shape, copies: int, device: torch.device) -> list[Weights]:
+    from kernels.fp8_quant import quantize_weight
+
+    out = []
+    for i in range(copies):
+        g = torch.Generator(device=device).manual_seed(i)
+        wb = (0.02 * torch.randn(shape.n, shape.k, generator=g, device=device)).bfloat16()
+        out.append(Weights(*quantize_weight(wb), wb))
+    return out
+
+
+def bench_shape(timer: Timer, shape: Shape, ms: list[int], smoke: bool) -> list[dict]:
+    from kernels.fp8_gemm import fp8_gemm
+    from kernels.fp8_quant import quantize_act
+
+    dev = timer.device
+    weights = make_weights(shape, copies_for(shape.n * shape.k, smoke), dev)
+    one = torch.ones((), device=dev)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, shape.k, device=dev).bfloat16()
+        a, a_s = quantize_act(x)
+        a_pt = x.to(torch.float8_e4m3fn)  # per-tensor, scale 1 (values do not change the time)
+        t = {
+            "fp8": timer.us_per_call([lambda w=w: fp8_gemm(a, a_s, w.wq, w.ws) for w in weights]),
+            "fp8+quant": timer.us_per_call([lambda w=w: fp8_gemm(*quantize_act(x), w.wq, w.ws) for w in weights]),
+            "scaled_mm": timer.us_per_call([
+                lambda w=w: torch._scaled_mm(a_pt, w.wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                for w in weights]),
+            "bf16": timer.us_per_call([lambda w=w: x @ w.wb.t() for w in weights]),
+        }
+        rows.append({"shape": shape.name, "k": shape.k, "n": shape.n, "m": m, "in_geomean": shape.in_geomean,
+                     "us": t, "vs_scaled_mm": t["scaled_mm"] / t["fp8"], "vs_bf16": t["bf16"] / t["fp8"],
+                     **floors(m, shape.k, shape.n)})
+    return rows
+
+
+def sweep_shape(timer: Timer, shape: Shape, ms: list[int], smoke: bool) -> list[dict]:
+    """Time the tile choices around the default one; the best per (shape, M) goes into
+    kernels/fp8_gemm.py: gemm_config, with the date and GPU it was measured on."""
+    from kernels.fp8_gemm import MAX_SPLITS, GemmConfig, fp8_gemm, gemm_config
+    from kernels.fp8_quant import quantize_act
+
+    weights = make_weights(shape, copies_for(shape.n * shape.k, smoke), timer.device)
+    groups = -(-shape.k // GROUP)
+    out = []
+    for m in ms:
+        a, a_s = quantize_act(torch.randn(m, shape.k, device=timer.device).bfloat16())
+        default = gemm_config(m, shape.n, shape.k)
+        splits = sorted({s for s in (1, 2, 4, 8, default.splits, 2 * default.splits) if s <= min(MAX_SPLITS, groups)})
+        results = []
+        for block_n in (32, 64, 128):
+            for s in splits:
+                for stages in (3, 4, 6):
+                    cfg = GemmConfig(default.block_m, block_n, default.swap_ab, s, 4, stages)
+                    us = timer.us_per_call([lambda w=w: fp8_gemm(a, a_s, w.wq, w.ws, config=cfg) for w in weights])
+                    results.append((us, cfg))
+        results.sort(key=lambda r: r[0])
+        default_us = next(us for us, c in results if c == default) if default in [c for _, c in results] else None
+        best_us, best = results[0]
+        out.append({"shape": shape.name, "m": m, "default": repr(default), "default_us": default_us,
+                    "best": repr(best), "best_us": best_us, "floor_us": floors(m, shape.k, shape.n)["floor_us"]})
+        print(f"{shape.name:>6} M={m:<4} default {default_us or float('nan'):7.2f} us  best {best_us:7.2f} us  {best}")
+    return out
+
+
+# --- the MLP block ----------------------------------------------------------------------
+
+def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
+    from engine.layers import FeedForward
+    from engine.quant import FP8FeedForward
+
+    dev, (d, h) = timer.device, dims
+    copies = copies_for(3 * d * h, smoke)
+    bf16, fp8, scaled = [], [], []
+    for _ in range(copies):
+        with torch.device(dev):
+            ff = FeedForward(d, h).to(torch.bfloat16)
+        bf16.append(ff)
+        fp8.append(FP8FeedForward.from_feed_forward(ff))
+        w13 = torch.cat([ff.w1.weight, ff.w3.weight]).to(torch.float8_e4m3fn)
+        scaled.append((w13, ff.w2.weight.to(torch.float8_e4m3fn)))
+    x = torch.randn(m, d, device=dev).bfloat16()
+    one = torch.ones((), device=dev)
+
+    def cublas_fp8(w13, w2):
+        # per-tensor static scales (scale 1: no amax pass, the cheapest cuBLAS FP8 MLP)
+        gu = torch._scaled_mm(x.to(torch.float8_e4m3fn), w13.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        hq = (F.silu(gu[:, :h]) * gu[:, h:]).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(hq, w2.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    with torch.inference_mode():
+        t = {
+            "fp8": timer.us_per_call([lambda f=f: f(x) for f in fp8]),
+            "scaled_mm": timer.us_per_call([lambda w=w: cublas_fp8(*w) for w in scaled]),
+            "bf16": timer.us_per_call([lambda f=f: f(x) for f in bf16]),
+        }
+    fl = floors(m, d, 2 * h)
+    fl2 = floors(m, h, d)
+    floor_us = fl["floor_us"] + fl2["floor_us"]
+    return {"dim": d, "hidden": h, "m": m, "us": t, "floor_us": floor_us, "target_us": 26.0,
+            "vs_scaled_mm": t["scaled_mm"] / t["fp8"], "vs_bf16": t["bf16"] / t["fp8"]}
+
+
+# --- report -----------------------------------------------------------------------------
+
+def write_json(path: Path, data: dict) -> None:
+    """NaN (a baseline that refused a shape) is written as null. Not latency_bench.report's
+    writer: that module imports the load generator (websockets, msgpack), which the GPU
+    image may lack."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        return [clean(v) for v in x] if isinstance(x, list) else x
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(clean(data), indent=1))
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'shape':>6} {'K->N':>11} {'M':>4} {'floor':>7} {'fp8':>7} {'fp8+q':>7} {'scaled_mm':>9} "
+            f"{'bf16':>7} {'x smm':>6} {'x bf16':>6} {'% floor':>7}")
+    lines = [head]
+    for r in rows:
+        t = r["us"]
+        lines.append(
+            f"{r['shape']:>6} {str(r['k']) + '->' + str(r['n']):>11} {r['m']:>4} {r['floor_us']:>7.2f} {t['fp8']:>7.2f} "
+            f"{t['fp8+quant']:>7.2f} {t['scaled_mm']:>9.2f} {t['bf16']:>7.2f} {r['vs_scaled_mm']:>6.2f} "
+            f"{r['vs_bf16']:>6.2f} {100 * r['floor_us'] / t['fp8']:>6.0f}%")
+    lines.append("(us per call; x smm / x bf16 = baseline time / fp8 time; % floor = floor / fp8 time)")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m latency_bench.kernel_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", default=",".join(map(str, MS)), help="batch rows, comma-separated")
+    p.add_argument("--shapes", help="comma-separated subset of " + ",".join(s.name for s in SHAPES))
+    p.add_argument("--sweep", action="store_true", help="time tile choices instead of the baselines")
+    p.add_argument("--no-mlp", action="store_true")
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, small shapes: checks the script")
+    p.add_argument("--out", default="out/kernel_bench")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    cuda = torch.cuda.is_available() and not a.smoke
+    if not cuda:
+        if not a.smoke:
+            print("kernel_bench needs a CUDA device (or --smoke for a CPU check of the script)", file=sys.stderr)
+            return 2
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+    import triton
+
+    device = torch.device("cuda" if cuda else "cpu")
+    timer = Timer(device, a.replays)
+    shapes = SMOKE_SHAPES if a.smoke else SHAPES
+    if a.shapes:
+        shapes = [s for s in shapes if s.name in a.shapes.split(",")]
+    ms = [1, 3] if a.smoke else [int(x) for x in a.m.split(",")]
+    results: dict = {"device": torch.cuda.get_device_name(device) if cuda else "cpu (interpreter)",
+                     "torch": torch.__version__, "triton": triton.__version__, "smoke": a.smoke,
+                     "floors": {"hbm_bytes_per_s": HBM_BYTES_PER_S, "fp8_flops": FP8_FLOPS}}
+    out = Path(a.out)
+    if a.sweep:
+        results["sweep"] = [r for s in shapes for r in sweep_shape(timer, s, ms, a.smoke)]
+        write_json(out / "kernel_sweep.json", results)
+        print(f"wrote {out / 'kernel_sweep.json'}")
+        return 0
+    rows = [r for s in shapes for r in bench_shape(timer, s, ms, a.smoke)]
+    results["rows"] = rows
+    results["geomean_vs_scaled_mm"] = geomean([r["vs_scaled_mm"] for r in rows if r["in_geomean"]])
+    results["geomean_vs_bf16"] = geomean([r["vs_bf16"] for r in rows if r["in_geomean"]])
+    print(f"block-scaled FP8 GEMM on {results['device']} (torch {torch.__version__}, triton {triton.__version__})")
+    print(table(rows))
+    print(f"geomean vs torch._scaled_mm (wqkv, wo, w1/w3, w2; M = {','.join(map(str, ms))}): "
+          f"{results['geomean_vs_scaled_mm']:.2f}x (target >= 1.3x); vs bf16: {results['geomean_vs_bf16']:.2f}x")
+    if not a.no_mlp:
+        mlp = results["mlp"] = bench_mlp(timer, SMOKE_MLP if a.smoke else MLP, 1, a.smoke)
+        t = mlp["us"]
+        print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: fp8 {t['fp8']:.1f} us (target <= 26, "
+              f"floor {mlp['floor_us']:.1f}), cuBLAS FP8 {t['scaled_mm']:.1f} us, bf16 {t['bf16']:.1f} us")
+    write_json(out / "kernel_bench.json", results)
+    print(f"wrote {out / 'kernel_bench.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

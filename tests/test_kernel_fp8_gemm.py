@@ -1,0 +1,221 @@
+"""The block-scaled FP8 GEMM against its PyTorch reference over odd shapes (Triton
+interpreter on the CPU, compiled on a GPU), and the scale-layout gate: a wrongly laid out
+scale tensor must be refused, because read as documented it corrupts the result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.fp8_gemm import GemmConfig, _launch, check_scales, fp8_gemm, fp8_gemm_reference, gemm_config
+from kernels.fp8_quant import quantize_act, quantize_act_reference, quantize_weight
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# relative (norm) error against the reference on the SAME quantized operands: fp32 sums in
+# another order, then the output's rounding. Compiled, bf16 rounds to nearest (a one-ulp
+# flip where the fp32 sums straddle a midpoint; on Hopper the tensor cores also sum each
+# 128-product group with reduced precision); the interpreter truncates fp32 -> bf16
+# (measured on triton 3.6: half the values one ulp, 2^-8 relative, toward zero).
+TOL = {torch.bfloat16: 4e-3 if DEVICE == "cuda" else 1e-2, torch.float32: 1e-5}
+# against the unquantized fp32 product: e4m3 keeps 3 mantissa bits (~3.6% rms per operand)
+FP8_TOL = 0.08
+
+S2_PRO = [(2560, 6144), (4096, 2560), (2560, 19456), (9728, 2560)]  # (K, N): wqkv, wo, w1+w3, w2
+
+
+def operands(m, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    w = (0.02 * torch.randn(n, k, generator=g)).to(DEVICE)
+    return x, w
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+CASES = [  # (M, N, K, config): swap / no swap, split / no split, K < 128, ragged N and K
+    (1, 200, 300, None),
+    (3, 136, 100, None),
+    (17, 72, 256, None),
+    (64, 130, 384, None),
+    (130, 136, 300, None),  # M > 64: the non-swapped tile
+    (1, 256, 1024, None),  # default split-K (2 splits of 4 groups)
+    (3, 200, 700, GemmConfig(16, 64, True, splits=3)),  # ragged last split
+    (17, 72, 300, GemmConfig(32, 32, False, splits=2)),
+    (64, 130, 384, GemmConfig(64, 128, False, splits=3)),
+]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m, n, k, config", CASES)
+def test_matches_reference(m, n, k, config, out_dtype):
+    x, w = operands(m, n, k)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    out = fp8_gemm(a, a_s, b, b_s, out_dtype, config=config)
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, out_dtype)) < TOL[out_dtype]
+    assert rel(out, x @ w.t()) < FP8_TOL
+
+
+def test_rows_are_independent_of_the_batch():
+    """A stream's output row does not depend on which other rows share the batch (tiles,
+    splits and scales are per row): the batched decoder relies on it."""
+    x, w = operands(17, 200, 300)
+    b, b_s = quantize_weight(w)
+    full = fp8_gemm(*quantize_act(x), b, b_s, torch.float32, config=GemmConfig(32, 64, True, splits=2))
+    one = fp8_gemm(*quantize_act(x[5:6]), b, b_s, torch.float32, config=GemmConfig(32, 64, True, splits=2))
+    torch.testing.assert_close(one[0], full[5], rtol=1e-6, atol=1e-6)
+
+
+# --- the scale layout gate ------------------------------------------------------------
+
+def blocky_weight(n, k, seed=0):
+    """A weight whose 128 x 128 block (i, j) has magnitude 2^(4 (j - i)): a transposed scale
+    grid scales every off-diagonal block by 2^(8 (i - j)), a large error, never a subtle one."""
+    g = torch.Generator().manual_seed(seed)
+    nb, kb = -(-n // 128), -(-k // 128)
+    mag = 2.0 ** (4 * (torch.arange(kb)[None, :] - torch.arange(nb)[:, None])).float()
+    mag = mag.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    return (torch.randn(n, k, generator=g) * mag).to(DEVICE)
+
+
+@pytest.mark.parametrize("n, k", [(256, 256), (384, 384)])  # square block grids: a transpose keeps the shape
+def test_column_major_weight_scales_are_refused_and_would_corrupt(n, k):
+    x, _ = operands(5, n, k)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(blocky_weight(n, k))
+    good = fp8_gemm(a, a_s, b, b_s, torch.float32)
+    # the same logical scales stored column-major (the seed's bug: written in one layout,
+    # read in another): the PyTorch reference indexes logically and is unaffected...
+    col_major = b_s.t().contiguous().t()
+    assert torch.equal(col_major, b_s) and col_major.stride() != b_s.stride()
+    assert rel(fp8_gemm_reference(a, a_s, b, col_major, torch.float32), good) < TOL[torch.float32]
+    # ...the launcher refuses it...
+    with pytest.raises(ValueError, match="row-major"):
+        fp8_gemm(a, a_s, b, col_major, torch.float32)
+    # ...because the kernel reads the documented layout: past the check, a large error
+    bypassed = _launch(a, a_s, b, col_major, torch.float32, gemm_config(5, n, k))
+    assert rel(bypassed, good) > 0.3
+    # a transposed view (same shape on a square grid, wrong values) is refused too
+    with pytest.raises(ValueError, match="row-major"):
+        fp8_gemm(a, a_s, b, b_s.t(), torch.float32)
+
+
+def test_transposed_scale_values_are_caught_by_the_reference_check():
+    """Scales transposed in memory AND in their strides (a producer that wrote [KB, NB] for a
+    square grid) have the right shape and strides: no layout check can see them, the
+    reference parity can. This is what a wrong layout looks like to the parity tests."""
+    n = k = 256
+    x, _ = operands(5, n, k)
+    w = blocky_weight(n, k)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    swapped = b_s.t().contiguous()
+    out = fp8_gemm(a, a_s, b, swapped, torch.float32)  # passes the layout check
+    assert rel(out, x @ w.t()) > 0.3  # ...and fails the numerics, loudly
+
+
+def test_activation_scales_layout_is_checked():
+    x, w = operands(6, 200, 384)
+    g = torch.Generator().manual_seed(1)
+    x = x * (2.0 ** torch.randint(-6, 7, (6, 3), generator=g)).repeat_interleave(128, 1).to(DEVICE)  # blocky groups
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    good = fp8_gemm(a, a_s, b, b_s, torch.float32)
+    col_major = a_s.t().contiguous().t()
+    with pytest.raises(ValueError, match="a_scale must be row-major"):
+        fp8_gemm(a, col_major, b, b_s, torch.float32)
+    assert rel(_launch(a, col_major, b, b_s, torch.float32, gemm_config(6, 200, 384)), good) > 0.3
+    with pytest.raises(ValueError, match=r"a_scale must have shape \[6, 3\]"):
+        fp8_gemm(a, a_s[:, :2], b, b_s, torch.float32)
+    with pytest.raises(ValueError, match=r"b_scale must have shape \[2, 3\]"):
+        fp8_gemm(a, a_s, b, b_s.t().contiguous(), torch.float32)  # [KB, NB] on a non-square grid
+    with pytest.raises(TypeError, match="float32"):
+        fp8_gemm(a, a_s, b, b_s.bfloat16(), torch.float32)
+
+
+def test_size_one_dimensions_accept_any_stride():
+    """A [1, KB] scale tensor is read along its one row whatever its row stride says."""
+    s = torch.ones(3, 1).t()  # shape [1, 3], strides (1, 1)
+    check_scales("a_scale", s, 1, 3)
+    with pytest.raises(ValueError, match="row-major"):
+        check_scales("a_scale", torch.ones(3, 2).t(), 2, 3)
+
+
+def test_launcher_checks_operands():
+    x, w = operands(4, 128, 256)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        fp8_gemm(x, a_s, b, b_s)
+    with pytest.raises(ValueError, match="disagree on K"):
+        fp8_gemm(a[:, :200], a_s[:, :2], b, b_s)
+    with pytest.raises(ValueError, match="unit stride"):
+        fp8_gemm(a, a_s, b.t().contiguous().t(), b_s)
+    with pytest.raises(TypeError, match="out_dtype"):
+        fp8_gemm(a, a_s, b, b_s, torch.float8_e4m3fn)
+
+
+# --- launch choices -------------------------------------------------------------------
+
+@pytest.mark.parametrize("k, n", S2_PRO)
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 1000])
+def test_configs_depend_on_shapes_only_and_split_where_it_pays(m, n, k):
+    c = gemm_config(m, n, k)
+    assert c == gemm_config(m, n, k)  # same shapes, same launches: graph replay is faithful
+    assert c == gemm_config(1 << (m - 1).bit_length(), n, k)  # one compiled variant per M class
+    groups = -(-k // 128)
+    per_split = -(-groups // c.splits)
+    assert -(-groups // per_split) == c.splits  # no empty split
+    if c.splits > 1:
+        assert per_split >= 4  # each split streams >= 512 of K
+        assert 8 * c.splits * m * n <= 0.1 * n * k  # partials stay < 10% of the weight bytes
+    if m <= 64:
+        assert c.swap_ab and c.block_m >= m
+
+
+def test_decode_shapes_fill_the_gpu_at_batch_one():
+    for k, n in S2_PRO:
+        c = gemm_config(1, n, k)
+        assert -(-n // c.block_n) * c.splits >= 132, (k, n, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("k, n", S2_PRO)
+def test_s2_pro_shapes_match_reference(m, n, k):
+    x, w = operands(m, n, k)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    out = fp8_gemm(a, a_s, b, b_s)
+    assert rel(out, fp8_gemm_reference(a, a_s, b, b_s)) < TOL[torch.bfloat16]
+    assert rel(out, x @ w.t()) < FP8_TOL
+
+
+@pytest.mark.gpu
+def test_graph_replay_matches_eager_without_syncs():
+    """Quantize + GEMM (split-K included): the launchers never wait on the device, and
+    captured in a CUDA graph they replay new inputs exactly like eager calls."""
+    x, w = operands(4, 2560, 9728)
+    b, b_s = quantize_weight(w)
+    static_x = x.clone()
+
+    def step():
+        return fp8_gemm(*quantize_act(static_x), b, b_s)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()  # the launchers never wait on the device
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    static_x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(static_out, step(), rtol=0, atol=0)
+    assert rel(static_out, fp8_gemm_reference(*quantize_act_reference(static_x), b, b_s)) < TOL[torch.bfloat16]

@@ -1,0 +1,194 @@
+"""FP8 linear layers and `quantize_model_`: which layers are swapped, how close the FP8 model
+stays to the original, the Triton path against the reference path, and (GPU) the issue's
+correctness gate plus CUDA-graph capture of the FP8 step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from engine.bundle import load_bundle
+from engine.config import PRESETS
+from engine.kv_cache import FastCache, KVCache
+from engine.layers import FeedForward
+from engine.quant import FP8FeedForward, FP8Linear, is_quantized, quantize_model_, set_kernel_
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_bundle("tiny", "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(3, 100), (2, 5, 300)])  # K < 128 and K % 128 != 0, 2-D and 3-D
+def test_fp8_linear_matches_linear(shape, bias):
+    lin = nn.Linear(shape[-1], 200, bias=bias)
+    x = torch.randn(shape)
+    fp8 = FP8Linear.from_linear(lin)
+    y = fp8(x)
+    assert y.shape == (*shape[:-1], 200) and y.dtype == x.dtype
+    assert rel(y, lin(x)) < 0.08  # e4m3: 3 mantissa bits per operand
+    fp8.kernel = False  # the PyTorch reference of the same function: same quantized operands
+    assert rel(fp8(x), y) < 1e-5
+
+
+def test_fp8_feed_forward_matches_swiglu():
+    ff = FeedForward(200, 300)  # hidden not a multiple of 128: a block straddles the w1/w3 seam
+    x = torch.randn(2, 3, 200)
+    fp8 = FP8FeedForward.from_feed_forward(ff)
+    y = fp8(x)
+    assert y.shape == x.shape
+    assert rel(y, ff(x)) < 0.08
+    fp8.kernel = False
+    assert rel(fp8(x), y) < 1e-4  # the kernel's silu may differ from PyTorch's by an ulp
+
+
+def test_quantize_model_swaps_the_transformer_linears_only(tiny):
+    model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    for block in [*model.layers, *model.fast_layers]:
+        assert isinstance(block.attention.wqkv, FP8Linear) and isinstance(block.attention.wo, FP8Linear)
+        assert isinstance(block.feed_forward, FP8FeedForward)
+    left = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert left == ["fast_output"]  # the fast sampling head (the slow head is a buffer)
+    assert isinstance(model.embeddings, nn.Embedding) and model.head_weight.dtype == torch.float32
+    weights = {b.dtype for n, b in model.named_buffers() if n.endswith("weight_q")}
+    assert weights == {torch.float8_e4m3fn}
+    assert is_quantized(model) and not is_quantized(tiny.model)
+    assert quantize_model_(model) is model  # idempotent
+
+
+def test_quantized_model_stays_close(tiny):
+    prompt = tiny.prompts.full(None, "Hello there.")
+    exact = tiny.model.full_logits(prompt)
+    model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    # ~5% (every linear of the slow transformer in e4m3, random weights)
+    assert rel(model.full_logits(prompt), exact) < 0.1
+
+
+def test_quantized_decode_step_runs_with_kernels(tiny):
+    """The decode-shaped path (M = batch rows, slow step + a fast step) through the kernels
+    gives the reference path's logits (prefill on the reference path: the interpreter
+    runs one program per row and takes ~0.3 s per launch at M = 68)."""
+    model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    c = model.config
+    kv = KVCache.allocate(c, 3, 128, "cpu", torch.float32)
+    fast = FastCache.allocate(c, 3, "cpu", torch.float32)
+    prompt = tiny.prompts.full(None, "Hi.")
+    for slot in range(3):
+        model.prefill(prompt, slot, 0, kv)
+    tokens = prompt[:, -1:].T.repeat(3, 1)  # [3, 1 + C]
+    slots, positions = torch.arange(3), torch.full((3,), prompt.shape[1])
+
+    def step():
+        head, fast_in = model.decode_slow(tokens, slots, positions, prompt.shape[1] + 1, kv)
+        model.fast_step(fast_in, 0, fast)
+        return head, model.fast_step(model.fast_embeddings(tokens[:, 2]), 1, fast)
+
+    ref_head, ref_fast = step()
+    set_kernel_(model, True)
+    head, fast_logits = step()
+    assert rel(head, ref_head) < 1e-4 and rel(fast_logits, ref_fast) < 1e-4
+
+
+# --- GPU: the issue's correctness gate, graphs ------------------------------------------
+
+def greedy_run(bundle, n_frames: int, text: str = "Hello, this is a fixed reference input for the gate."):
+    """Frames [1 + C, n] and the first slow head's logits of greedy decoding (eager)."""
+    from engine.frame import decode_frame, new_window, push_window, sample_frame
+    from engine.sampling import SamplingParams, SamplingTensors
+
+    model, c, dev = bundle.model, bundle.config, bundle.device
+    prompt = bundle.prompts.full(None, text).to(dev)
+    kv = KVCache.allocate(c, 1, prompt.shape[1] + n_frames + 1, dev, bundle.dtype)
+    fast = FastCache.allocate(c, 1, dev, bundle.dtype)
+    params = SamplingTensors.from_params([SamplingParams(temperature=0.0, allow_end=False)], dev)
+    window = new_window(1, c.sampling_window, c.num_codebooks, dev)
+    frame_index = torch.zeros(1, dtype=torch.long, device=dev)
+    head, fast_in = model.prefill(prompt, 0, 0, kv)
+    frames = [sample_frame(model, fast, head, fast_in, params, window, frame_index)]
+    pos = prompt.shape[1]
+    slot = torch.zeros(1, dtype=torch.long, device=dev)
+    while len(frames) < n_frames:
+        push_window(window, frames[-1][:, 1:])
+        position = torch.full((1,), pos, dtype=torch.long, device=dev)
+        frames.append(decode_frame(model, kv, fast, frames[-1], slot, position, pos + 1, params, window, frame_index))
+        pos += 1
+    return torch.cat(frames).T.cpu(), head.float().cpu()
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_gate_greedy_frames_equal_bf16():
+    """Issue 7's correctness gate: FP8 greedy decoding gives exactly the bf16 frames for the
+    first 5 frames of a fixed input; prints the head logits' relative error.
+        pytest -s tests/test_quant.py -k gate
+
+    The gate needs trained weights: random-weight logits are nearly flat (top-2 margin ~0.06
+    at the s2-pro shape, logit std ~1) while FP8's head-logit error is ~30% there (CPU,
+    reference path: FP8_NOTES.md), so greedy frames of a random preset differ by design.
+    It is skipped until the default voice is a trained model (issue 6)."""
+    bundle = load_bundle("default", "cuda", torch.bfloat16)
+    if bundle.name in PRESETS:
+        pytest.skip("the default model still has random weights (issue 6): the gate needs a trained model")
+    frames, logits = greedy_run(bundle, 5)
+    quantize_model_(bundle.model)
+    fp8_frames, fp8_logits = greedy_run(bundle, 5)
+    print(f"\ndefault: head logits relative error {rel(fp8_logits, logits):.4f}; "
+          f"frames equal: {torch.equal(fp8_frames, frames)}")
+    assert torch.equal(fp8_frames, frames)
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_fp8_layers_capture_in_a_cuda_graph():
+    """FP8Linear and FP8FeedForward at the S2-Pro width: their launchers never wait on the
+    device, and captured once and replayed on new inputs they give the eager outputs exactly."""
+    lin = FP8Linear.from_linear(nn.Linear(2560, 6144, bias=False, device="cuda", dtype=torch.bfloat16))
+    ff = FP8FeedForward.from_feed_forward(FeedForward(2560, 9728).to("cuda", torch.bfloat16))
+    x = torch.randn(4, 1, 2560, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        return lin(x), ff(x)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()  # the launchers never wait on the device
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    for got, want in zip(outs, step()):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_fp8_bundle_speaks_through_the_cli(tmp_path):
+    """--quant fp8 loads, quantizes every transformer linear and synthesizes a WAV."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "fp8.wav"
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "--text", "Hello.", "--out", str(out), "--model", "tiny",
+         "--device", "cpu", "--quant", "fp8", "--max-frames", "6"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size > 44  # header + samples
+    bundle = load_bundle("tiny", "cpu", quant="fp8")
+    assert is_quantized(bundle.model)
+    with pytest.raises(ValueError, match="unknown quantization"):
+        load_bundle("tiny", "cpu", quant="int4")
