@@ -5,6 +5,8 @@
 #   bash scripts/gpu_check.sh engine   # engine benchmark, s2-pro shape, eager vs CUDA graphs
 #   bash scripts/gpu_check.sh load     # WebSocket load sweep c=1,16,64, s2-pro shape
 #   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
+#   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
+#   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
 # .whl (see README, "Measuring on a GPU").
 set -u
@@ -36,6 +38,11 @@ quick)
     timeout 90 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py 2>&1 | tee "$out/gpu_tests.log"
     timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
+    ;;
+fp8)
+    timeout 240 python3 -m pytest -q tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py \
+        2>&1 | tee "$out/fp8_tests.log"
+    timeout 300 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | tee "$out/kernel_bench.log"
     ;;
 profile)
     timeout 200 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \
