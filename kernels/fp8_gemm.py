@@ -131,23 +131,35 @@ def _fp8_gemm_kernel(
     for i in range(0, GROUPS_PER_SPLIT):
         g = g0 + i
         k = g * 128 + offs_k
+        # masks are built per case and from vectors only: Triton 3.9's interpreter rejects
+        # a mask that mixes a Python bool or a scalar comparison with a tensor
         if EVEN_K:  # K % 128 == 0 and every split full: row masks only in the hot loop
-            g_ok = True
-            k_row = True
-            k_col = True
+            sa_mask = m_ok
+            sb_mask = n_ok
+            bt_mask = n_ok[:, None]
+            at_mask = m_ok[None, :]
+            a_mask = m_ok[:, None]
+            b_mask = n_ok[None, :]
         else:
-            g_ok = g < KB
+            g_ok_m = (offs_m * 0 + g) < KB  # [BM]: the scalar test g < KB, as a vector
+            g_ok_n = (offs_n * 0 + g) < KB  # [BN]
             k_row = k[None, :] < K  # [1, 128]
             k_col = k[:, None] < K  # [128, 1]
-        sa = tl.load(as_rows + g, mask=m_ok & g_ok, other=0.0)
-        sb = tl.load(bs_rows + g, mask=n_ok & g_ok, other=0.0)
+            sa_mask = m_ok & g_ok_m
+            sb_mask = n_ok & g_ok_n
+            bt_mask = n_ok[:, None] & k_row
+            at_mask = m_ok[None, :] & k_col
+            a_mask = m_ok[:, None] & k_row
+            b_mask = n_ok[None, :] & k_col
+        sa = tl.load(as_rows + g, mask=sa_mask, other=0.0)
+        sb = tl.load(bs_rows + g, mask=sb_mask, other=0.0)
         if SWAP_AB:
-            bt = tl.load(b_ptr + offs_n[:, None] * stride_bn + k[None, :], mask=n_ok[:, None] & k_row, other=0.0)
-            at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=m_ok[None, :] & k_col, other=0.0)
+            bt = tl.load(b_ptr + offs_n[:, None] * stride_bn + k[None, :], mask=bt_mask, other=0.0)
+            at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0)
             acc += tl.dot(bt, at) * (sb[:, None] * sa[None, :])  # [BN, BM]
         else:
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=m_ok[:, None] & k_row, other=0.0)
-            b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=n_ok[None, :] & k_col, other=0.0)
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0)
+            b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=b_mask, other=0.0)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])  # [BM, BN]
     c_base = c_ptr + split * stride_cs
     if SWAP_AB:
