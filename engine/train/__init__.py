@@ -1,0 +1,13 @@
+"""Training of the embedded default voice: a small codec of the modded-DAC family and a
+small DualAR model, from teacher data the project makes itself (scripts/voice/README.md).
+
+data:      corpus (Jane Austen sentences, Debian's r-cran-janeaustenr; rdata reads it),
+           phonemes (espeak-ng), teacher (Piper via onnxruntime), speakers (pseudo-speakers),
+           datagen (Ogg Opus shards + manifest), opus_io, resample, audio_data
+codec:     codec_forward (straight-through VQ), codec_losses, codec_train (train/export/encode)
+model:     lm_data (S2 prompt sequences), lm_forward (batched training forward), lm_train
+shared:    presets (the voice's shapes), schedule, checkpoints, export (checkpoint folder)
+quality:   evaluate (pocketsphinx WER, speaker similarity, CPU speed)
+
+Nothing here is imported by the serving path; the `train` extra holds its dependencies.
+"""

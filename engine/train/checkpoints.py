@@ -1,0 +1,107 @@
+"""Resumable training state in pieces small enough to come back from the GPU machine
+(at most 8 files of 16 MiB per call there): parameters in fp32, optionally the AdamW
+moments in bf16 (bf16 keeps fp32's exponent range, so tiny second moments survive),
+split into files of at most `max_file_bytes`, plus `state.json` (step, config, extras).
+
+A later call resumes from the folder; without moments (a checkpoint that had to be
+smaller) the optimizer restarts its moments and the trainer re-warms the learning rate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+MAX_FILE_BYTES = 15 * 2**20
+STATE_FILE = "state.json"
+
+
+def _pack(tensors: dict[str, Tensor], prefix: str, folder: Path, max_bytes: int) -> list[str]:
+    from safetensors.torch import save_file
+
+    files, part, size = [], {}, 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if part and size + nbytes > max_bytes:
+            files.append(part)
+            part, size = {}, 0
+        part[name] = t.detach().contiguous().cpu()
+        size += nbytes
+    if part:
+        files.append(part)
+    names = []
+    for i, part in enumerate(files):
+        name = f"{prefix}-{i:02d}.safetensors"
+        save_file(part, str(folder / name))
+        names.append(name)
+    return names
+
+
+def _unpack(folder: Path, names: list[str]) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, Tensor] = {}
+    for name in names:
+        out.update(load_file(str(folder / name)))
+    return out
+
+
+def save(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, step: int,
+         extra: dict | None = None, moments: bool = True, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+    """Write the state into `folder` (replacing an older one there, atomically per file set)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.safetensors"):
+        old.unlink()
+    params = {k: v.float() for k, v in model.state_dict().items()}
+    state = {"step": step, "params": _pack(params, "params", folder, max_file_bytes), "moments": [],
+             "extra": extra or {}}
+    if moments and optimizer is not None:
+        state["moments"] = _pack(_moments(model, optimizer), "moments", folder, max_file_bytes)
+    (folder / STATE_FILE).write_text(json.dumps(state, indent=1))
+
+
+def _moments(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
+    out = {}
+    for name, p in model.named_parameters():
+        st = optimizer.state.get(p)
+        if st and "exp_avg" in st:
+            out[f"{name}.exp_avg"] = st["exp_avg"].to(torch.bfloat16)
+            out[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].to(torch.bfloat16)
+            out[f"{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+    return out
+
+
+def exists(folder: str | Path) -> bool:
+    return (Path(folder) / STATE_FILE).is_file()
+
+
+def load(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """Restore parameters (and moments, when saved); returns the state dict (step, extra,
+    has_moments)."""
+    folder = Path(folder)
+    state = json.loads((folder / STATE_FILE).read_text())
+    params = _unpack(folder, state["params"])
+    own = model.state_dict()
+    missing = sorted(set(own) - set(params))
+    if missing:
+        raise ValueError(f"{folder}: checkpoint lacks {missing[:5]} (+{max(0, len(missing) - 5)} more)")
+    with torch.no_grad():
+        for k, v in own.items():
+            v.copy_(params[k].to(v.dtype))
+    state["has_moments"] = bool(state["moments"]) and optimizer is not None
+    if state["has_moments"]:
+        moments = _unpack(folder, state["moments"])
+        # fused/capturable AdamW keeps its step counter on the parameter's device
+        on_device = optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")
+        for name, p in model.named_parameters():
+            if f"{name}.exp_avg" in moments:
+                optimizer.state[p] = {
+                    "step": moments[f"{name}.step"].reshape(()).to(p.device if on_device else "cpu"),
+                    "exp_avg": moments[f"{name}.exp_avg"].to(p.device, torch.float32),
+                    "exp_avg_sq": moments[f"{name}.exp_avg_sq"].to(p.device, torch.float32),
+                }
+    return state

@@ -1,0 +1,68 @@
+"""Reconstruction losses of the codec: multi-scale log-mel L1 (DAC's recipe: seven STFT
+window lengths from 32 to 2048 samples, 5 to 320 mel bands; the short windows constrain
+timing and, indirectly, phase, the long ones pitch harmonics) and a multi-resolution
+STFT loss (log magnitude L1 + spectral convergence)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MEL_WINDOWS = (32, 64, 128, 256, 512, 1024, 2048)
+MEL_BANDS = (5, 10, 20, 40, 80, 160, 320)
+STFT_WINDOWS = (512, 1024, 2048)
+
+
+def mel_filterbank(rate: int, n_fft: int, n_mels: int) -> Tensor:
+    """[n_mels, n_fft // 2 + 1] triangular filters on the HTK mel scale, 0 Hz to Nyquist."""
+    def to_mel(f: Tensor) -> Tensor:
+        return 2595.0 * torch.log10(1.0 + f / 700.0)
+
+    edges_mel = torch.linspace(0.0, float(to_mel(torch.tensor(rate / 2.0))), n_mels + 2)
+    edges = 700.0 * (10.0 ** (edges_mel / 2595.0) - 1.0)
+    freqs = torch.linspace(0.0, rate / 2.0, n_fft // 2 + 1)
+    lower = (freqs[None] - edges[:-2, None]) / (edges[1:-1, None] - edges[:-2, None])
+    upper = (edges[2:, None] - freqs[None]) / (edges[2:, None] - edges[1:-1, None])
+    return torch.clamp(torch.minimum(lower, upper), min=0.0)
+
+
+def magnitude(x: Tensor, window: int) -> Tensor:
+    """x: [B, T] -> |STFT| [B, F, frames] (hop window/4, Hann), in fp32."""
+    w = torch.hann_window(window, device=x.device, dtype=torch.float32)
+    spec = torch.stft(x.float(), n_fft=window, hop_length=window // 4, win_length=window, window=w,
+                      center=True, return_complex=True)
+    return spec.abs()
+
+
+class ReconstructionLoss(nn.Module):
+    def __init__(self, rate: int, mel_windows=MEL_WINDOWS, mel_bands=MEL_BANDS, stft_windows=STFT_WINDOWS) -> None:
+        super().__init__()
+        self.mel_windows, self.stft_windows = tuple(mel_windows), tuple(stft_windows)
+        for w, n in zip(self.mel_windows, mel_bands):
+            self.register_buffer(f"mel_{w}", mel_filterbank(rate, w, n), persistent=False)
+
+    def mel(self, y: Tensor, x: Tensor) -> Tensor:
+        total = y.new_zeros((), dtype=torch.float32)
+        for w in self.mel_windows:
+            fb = getattr(self, f"mel_{w}")
+            my, mx = fb @ magnitude(y, w), fb @ magnitude(x, w)
+            total = total + F.l1_loss(torch.log10(my.clamp(min=1e-5)), torch.log10(mx.clamp(min=1e-5)))
+        return total / len(self.mel_windows)
+
+    def stft(self, y: Tensor, x: Tensor) -> Tensor:
+        total = y.new_zeros((), dtype=torch.float32)
+        for w in self.stft_windows:
+            sy, sx = magnitude(y, w), magnitude(x, w)
+            convergence = torch.linalg.norm(sy - sx) / torch.linalg.norm(sx).clamp(min=1e-6)
+            log_mag = F.l1_loss(torch.log(sy.clamp(min=1e-5)), torch.log(sx.clamp(min=1e-5)))
+            total = total + convergence + log_mag
+        return total / len(self.stft_windows)
+
+
+def snr_db(y: Tensor, x: Tensor) -> float:
+    """Waveform SNR (dB) of a reconstruction; phase-sensitive, so only a rough monitor."""
+    noise = (y.float() - x.float()).pow(2).sum()
+    return float(10 * math.log10(float(x.float().pow(2).sum()) / max(float(noise), 1e-12)))

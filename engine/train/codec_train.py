@@ -1,0 +1,283 @@
+"""Train the small causal codec on the teacher audio, resumably, then export it and encode
+the data set into codes for the DualAR model.
+
+    # train (time-bounded; checkpoints every --save-minutes into --out/state, resumes from it)
+    python -m engine.train.codec_train train --data data/voice/audio --out runs/codec --minutes 8
+    # export codec.pth + codec_config.json (fp16) from the latest state
+    python -m engine.train.codec_train export --out runs/codec --to runs/codec/export
+    # encode every utterance (train + held-out) into codes.npz for the model's training
+    python -m engine.train.codec_train encode --codec runs/codec/export --data data/voice/audio \
+        --to runs/codec/codes.npz
+
+Losses: multi-scale log-mel L1 (x15, DAC's weight), multi-resolution STFT (x1), VQ
+commitment (x0.25) and codebook (x1), and a small codebook-usage entropy loss (x0.1). No
+adversarial loss: a GAN needs far more steps than the GPU minutes this voice is trained
+with, and its early phase degrades intelligibility; the mel loss alone gives an
+intelligible, somewhat buzzy codec.
+
+Codebook collapse is the failure to watch (`perplexity` in the log, per codebook, over the
+steps since the last restart check; 1024 is the most): at init the encoder's latents fill a
+narrow cone and every frame picks the same few codes. Against it: codebooks seeded from
+the data at step 0, the VQ input biases zeroed, dead codes restarted on live latents every
+`restart_every` steps, quantizer dropout, and the entropy loss. On the 2-core CPU, 60 steps
+of batch 8 x 1 s kept 15-26 of each codebook's codes in use; a GPU run should climb well
+above 100 within its first thousand steps, else raise `entropy_weight` (`--set
+entropy_weight=0.5`) or lower `lr`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.codec.config import CodecConfig
+from engine.codec.model import Codec
+from engine.train import checkpoints
+from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_
+from engine.train.codec_losses import ReconstructionLoss, snr_db
+from engine.train.presets import VOICE_CODEC
+from engine.train.schedule import Clock, lr_at
+
+MEL_WEIGHT, STFT_WEIGHT, COMMIT_WEIGHT, CODEBOOK_WEIGHT = 15.0, 1.0, 0.25, 1.0
+
+
+@dataclasses.dataclass
+class CodecTrainConfig:
+    batch: int = 32
+    segment_seconds: float = 2.0
+    lr: float = 3e-4
+    warmup: int = 500
+    min_lr_ratio: float = 0.1
+    quantizer_dropout: float = 0.5
+    restart_every: int = 50  # steps between dead-code restarts
+    entropy_weight: float = 0.1  # codebook-usage entropy loss
+    spread_weight: float = 1.0  # keeps the VQ latents' directions spread (no common component)
+    grad_clip: float = 10.0
+    seed: int = 0
+
+
+def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
+    cfg = cfg or CodecTrainConfig()
+    torch.manual_seed(cfg.seed)
+    codec = init_codec_(Codec(config), cfg.seed)
+    return CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every).to(device)
+
+
+def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tensor,
+               entropy_weight: float = 0.1, spread_weight: float = 1.0) -> dict[str, torch.Tensor]:
+    y, vq = trainer(x)
+    terms = {"mel": losses.mel(y, x), "stft": losses.stft(y, x), "commit": vq.commitment, "codebook": vq.codebook,
+             "entropy": vq.entropy, "spread": vq.spread}
+    terms["loss"] = (MEL_WEIGHT * terms["mel"] + STFT_WEIGHT * terms["stft"] + COMMIT_WEIGHT * terms["commit"]
+                     + CODEBOOK_WEIGHT * terms["codebook"] + entropy_weight * terms["entropy"]
+                     + spread_weight * terms["spread"])
+    terms["_y"] = y
+    return terms
+
+
+def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg: CodecTrainConfig,
+          config: CodecConfig, device: str, workers: int, max_steps: int | None = None,
+          moments: bool = True, log_every: int = 50, total_minutes: float | None = None) -> dict:
+    """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
+    planned over `total_minutes` of training (all calls; default: this call's minutes)."""
+    from engine.train.audio_data import AudioSet, CropSampler
+
+    t_start = time.perf_counter()
+    trained_minutes = 0.0
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    state_dir = out / "state"
+    if checkpoints.exists(state_dir):  # resume with the config it was started with
+        saved = json.loads((state_dir / checkpoints.STATE_FILE).read_text())["extra"]
+        config = CodecConfig(**saved["codec_config"])
+        cfg = CodecTrainConfig(**saved["train_config"])
+        trained_minutes = saved.get("trained_minutes", 0.0)
+        total_minutes = total_minutes or saved.get("total_minutes")
+    trainer = build(config, device, cfg)
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.0,
+                                  fused=device.startswith("cuda"))
+    step, rewarm = 0, None
+    if checkpoints.exists(state_dir):
+        st = checkpoints.load(state_dir, trainer.codec, optimizer)
+        step = st["step"]
+        rewarm = None if st["has_moments"] else step
+        print(f"resumed at step {step} (moments: {st['has_moments']})", file=sys.stderr)
+    audio = AudioSet(data, config.sample_rate, ("train",), workers)
+    print(f"{len(audio.utterances)} utterances, {audio.seconds / 3600:.2f} h, loaded in "
+          f"{time.perf_counter() - t_start:.0f} s", file=sys.stderr, flush=True)
+    segment = int(cfg.segment_seconds * config.sample_rate) // config.hop_length * config.hop_length
+    sampler = CropSampler(audio, segment, device, seed=cfg.seed + step)
+    losses = ReconstructionLoss(config.sample_rate).to(device)
+    if step == 0:  # a fresh codec: codebooks from the data (one larger batch of latents)
+        trainer.seed_codebooks(sampler.batch(max(cfg.batch, 64)))
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "log.jsonl").open("a")
+    deadline = t_start + minutes * 60
+    # the schedule counts training time only (not the data loading above)
+    clock = Clock(total_minutes or (deadline - time.perf_counter()) / 60, trained_minutes)
+    last_save, t_log, history = time.perf_counter(), time.perf_counter(), []
+    trainer.train()
+    while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
+        x = sampler.batch(cfg.batch)
+        terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight)
+        optimizer.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        grad = torch.nn.utils.clip_grad_norm_(trainer.parameters(), cfg.grad_clip)
+        optimizer.step()
+        step += 1
+        logging = step % log_every == 0 or step == 1
+        perplexity = trainer.perplexity() if logging else None  # usage since the last restart check
+        restarted = trainer.restart_dead_codes()
+        if logging:
+            row = {k: round(float(v.detach()), 5) for k, v in terms.items() if not k.startswith("_")}
+            row.update(step=step, lr=optimizer.param_groups[0]["lr"], grad=round(float(grad), 3),
+                       snr_db=round(snr_db(terms["_y"].detach(), x), 2), restarted=restarted,
+                       perplexity=[round(p, 1) for p in perplexity],
+                       steps_per_s=round(log_every / (time.perf_counter() - t_log), 2),
+                       minutes=round(clock.minutes, 2))
+            t_log = time.perf_counter()
+            history.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            print(json.dumps(row), file=sys.stderr, flush=True)
+        if time.perf_counter() - last_save > save_minutes * 60:
+            _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock)
+            last_save = time.perf_counter()
+    _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock)
+    return {"step": step, "history": history}
+
+
+def _save(state_dir: Path, trainer, optimizer, step: int, config: CodecConfig, cfg: CodecTrainConfig,
+          moments: bool, clock: Clock) -> None:
+    t0 = time.perf_counter()
+    extra = {"codec_config": dataclasses.asdict(config), "train_config": dataclasses.asdict(cfg),
+             "trained_minutes": clock.minutes, "total_minutes": clock.total}
+    checkpoints.save(state_dir, trainer.codec, optimizer, step, extra, moments=moments)
+    print(f"saved step {step} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+# --- export and encoding --------------------------------------------------------------
+
+def load_trained(out: Path, device: str = "cpu") -> tuple[Codec, int]:
+    """The codec of a training folder's latest state, weight norm folded, in eval mode."""
+    state_dir = out if checkpoints.exists(out) else out / "state"  # a training folder or its state
+    extra = json.loads((state_dir / checkpoints.STATE_FILE).read_text())["extra"]
+    config = CodecConfig(**extra["codec_config"])
+    codec = add_weight_norm_(Codec(config))
+    st = checkpoints.load(state_dir, codec, None)
+    return fold_weight_norm_(codec).to(device).eval(), st["step"]
+
+
+def export(codec: Codec, folder: Path, dtype: torch.dtype = torch.float16) -> None:
+    """codec.pth (plain state dict, weight norm folded) + codec_config.json, the layout
+    engine/codec/loader.py reads."""
+    from engine.codec.loader import CONFIG_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in codec.state_dict().items()}
+    torch.save(state, folder / "codec.pth")
+    (folder / CONFIG_FILE).write_text(codec.config.to_json())
+
+
+@torch.no_grad()
+def encode_set(codec: Codec, data: list[Path], device: str, workers: int = 1, batch_seconds: float = 120.0) -> dict:
+    """Codes of every utterance (train and test): {'codes': int16 [C, frames total],
+    'offsets': [n + 1], 'ids', 'speakers', 'texts', 'splits'}."""
+    from engine.train.audio_data import AudioSet
+
+    audio = AudioSet(data, codec.sample_rate, ("train", "test"), workers)
+    hop = codec.hop_length
+    order = sorted(range(len(audio.utterances)), key=lambda i: audio.utterances[i].samples)
+    codes: list[np.ndarray | None] = [None] * len(order)
+    i = 0
+    while i < len(order):
+        longest = audio.utterances[order[min(len(order) - 1, i)]].samples
+        n = max(1, int(batch_seconds * codec.sample_rate // max(longest, 1)))
+        group = order[i : i + n]
+        length = -(-max(audio.utterances[j].samples for j in group) // hop) * hop
+        x = np.zeros((len(group), length), np.float32)
+        for row, j in enumerate(group):
+            w = audio.waveform(audio.utterances[j])
+            x[row, : w.size] = w
+        c = codec.encode(torch.from_numpy(x).to(device, next(codec.parameters()).dtype)).cpu().numpy()
+        for row, j in enumerate(group):
+            frames = -(-audio.utterances[j].samples // hop)
+            codes[j] = c[row, :, :frames].astype(np.int16)
+        i += n
+    offsets = np.cumsum([0] + [c.shape[1] for c in codes])
+    us = audio.utterances
+    return {"codes": np.concatenate(codes, axis=1), "offsets": offsets,
+            "ids": np.array([u.id for u in us]), "speakers": np.array([u.speaker for u in us]),
+            "texts": np.array([u.text for u in us]), "splits": np.array([u.split for u in us])}
+
+
+# --- command line ----------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.train.codec_train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--data", type=Path, action="append", required=True, help="teacher data folder (repeatable)")
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of this call")
+    t.add_argument("--total-minutes", type=float,
+                   help="training minutes planned over all calls (the LR schedule's length; default: this call's)")
+    t.add_argument("--save-minutes", type=float, default=2.0)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--workers", type=int, default=4, help="processes decoding the shards")
+    t.add_argument("--codec-config", type=Path, help="JSON CodecConfig (default: engine.train.presets.VOICE_CODEC)")
+    t.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a CodecTrainConfig field (batch, segment_seconds, lr, steps, ...)")
+    t.add_argument("--no-moments", action="store_true", help="checkpoint parameters only (smaller)")
+    e = sub.add_parser("export")
+    e.add_argument("--out", type=Path, required=True, help="the training folder")
+    e.add_argument("--to", type=Path, required=True)
+    e.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    c = sub.add_parser("encode")
+    c.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
+    c.add_argument("--data", type=Path, action="append", required=True)
+    c.add_argument("--to", type=Path, required=True)
+    c.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    c.add_argument("--workers", type=int, default=4)
+    args = p.parse_args(argv)
+    if args.command == "train":
+        config = CodecConfig.from_json(args.codec_config.read_text()) if args.codec_config else VOICE_CODEC
+        cfg = CodecTrainConfig(**{k: type(getattr(CodecTrainConfig(), k))(v)
+                                  for k, v in (s.split("=", 1) for s in args.set)})
+        result = train(args.data, args.out, args.minutes, args.save_minutes, cfg, config, args.device,
+                       args.workers, args.max_steps, moments=not args.no_moments,
+                       total_minutes=args.total_minutes)
+        print(json.dumps(result["history"][-1] if result["history"] else {"step": result["step"]}), file=sys.stderr)
+    elif args.command == "export":
+        codec, step = load_trained(args.out)
+        export(codec, args.to, getattr(torch, args.dtype))
+        print(f"exported step {step} to {args.to}", file=sys.stderr)
+    else:
+        from engine.codec.loader import load_codec
+
+        codec = load_codec(args.codec / "codec.pth", device=args.device, dtype=torch.float32)
+        t0 = time.perf_counter()
+        result = encode_set(codec, args.data, args.device, args.workers)
+        args.to.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(args.to, **result)
+        print(f"{len(result['ids'])} utterances, {result['codes'].shape[1]} frames in "
+              f"{time.perf_counter() - t0:.0f} s -> {args.to}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""The DualAR model's training forward: whole padded batches through the engine's own
+modules (`DualARModel.embed`, its layers' weights, its norms and heads), with the same
+arithmetic as serving but without the KV cache (engine/attention.py writes every key into
+a cache row, one stream at a time, which training does not need).
+
+slow: tokens [B, 1 + C, L] -> hidden [B, L, D], causal.
+heads: the semantic + <|im_end|> rows of the tied embedding (what engine/model.py samples
+from), and the fast transformer over [slow output, code 0, ..., code C-2] -> codes 1..C-1
+of every frame a position predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.layers import TransformerBlock, apply_rope
+from engine.model import DualARModel
+from engine.train.lm_data import IGNORE, Batch
+
+
+def block_forward(block: TransformerBlock, x: Tensor, cos_sin: Tensor, dropout: float = 0.0) -> Tensor:
+    """One pre-norm block, causal over the sequence. x: [B, S, D]; cos_sin: [1 or B, S, Dh/2, 2].
+    `dropout` (training only) drops residual-branch outputs: a few hours of data are seen
+    dozens of times in a run, and the engine's blocks have no dropout of their own."""
+    a = block.attention
+    b, s, _ = x.shape
+    q_size, kv_size = a.n_head * a.head_dim, a.n_kv_head * a.head_dim
+    q, k, v = a.wqkv(block.attention_norm(x)).split([q_size, kv_size, kv_size], dim=-1)
+    q = q.view(b, s, a.n_head, a.head_dim)
+    k = k.view(b, s, a.n_kv_head, a.head_dim)
+    v = v.view(b, s, a.n_kv_head, a.head_dim)
+    if a.qk_norm:
+        q, k = a.q_norm(q), a.k_norm(k)
+    q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+    if a.n_kv_head != a.n_head:  # GQA: repeat keys/values (flash attention takes equal heads)
+        k = k.repeat_interleave(a.n_head // a.n_kv_head, dim=2)
+        v = v.repeat_interleave(a.n_head // a.n_kv_head, dim=2)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    h = x + F.dropout(a.wo(y.transpose(1, 2).reshape(b, s, q_size)), dropout, dropout > 0)
+    return h + F.dropout(block.feed_forward(block.ffn_norm(h)), dropout, dropout > 0)
+
+
+def slow_hidden(model: DualARModel, tokens: Tensor, dropout: float = 0.0) -> Tensor:
+    """tokens [B, 1 + C, L] -> last-layer hidden [B, L, D] (before the final norm)."""
+    x = model.embed(tokens)
+    cos_sin = model.rope[: tokens.shape[-1]][None]
+    for layer in model.layers:
+        x = block_forward(layer, x, cos_sin, dropout)
+    return x
+
+
+def head_rows(model: DualARModel) -> Tensor:
+    """[num_semantic + 1, D]: the rows engine/model.py's refresh_head keeps."""
+    c = model.config
+    w = model.embeddings.weight if c.tie_word_embeddings else model.output.weight
+    return torch.cat([w[c.semantic_begin_id : c.semantic_end_id + 1], w[c.im_end_id : c.im_end_id + 1]])
+
+
+def heads(model: DualARModel, h: Tensor) -> tuple[Tensor, Tensor]:
+    """h [..., D] -> (slow logits [..., num_semantic + 1], fast input [..., fast_dim]), as
+    DualARModel._head computes them."""
+    normed = model.norm(h)
+    logits = normed @ head_rows(model).t()
+    fast_in = normed if model.config.norm_fastlayer_input else h
+    if hasattr(model, "fast_project_in"):
+        fast_in = model.fast_project_in(fast_in)
+    return logits, fast_in
+
+
+def fast_logits(model: DualARModel, fast_in: Tensor, codes: Tensor, dropout: float = 0.0) -> Tensor:
+    """fast_in [N, fast_dim]; codes [N, C] of the frame each row predicts ->
+    logits [N, C - 1, codebook_size] for codes 1..C-1 (teacher forcing)."""
+    c = model.config
+    x = torch.cat([fast_in[:, None], model.fast_embeddings(codes[:, : c.num_codebooks - 1])], dim=1)
+    cos_sin = model.fast_rope[: c.num_codebooks][None]
+    for layer in model.fast_layers:
+        x = block_forward(layer, x, cos_sin, dropout)
+    return model.fast_output(model.fast_norm(x[:, 1:]))
+
+
+@dataclass
+class LossOut:
+    loss: Tensor
+    slow: Tensor
+    fast: Tensor  # mean over residual codebooks
+    per_codebook: Tensor  # [C - 1]
+    slow_accuracy: Tensor
+    end_accuracy: Tensor  # share of <|im_end|> targets predicted (argmax)
+
+
+def losses(model: DualARModel, batch: Batch, fast_weight: float = 1.0, max_fast_rows: int | None = None,
+           dropout: float = 0.0) -> LossOut:
+    c = model.config
+    h = slow_hidden(model, batch.tokens, dropout)
+    mask = batch.slow != IGNORE  # [B, L]
+    logits, fast_in = heads(model, h[mask])
+    target = batch.slow[mask]
+    slow = F.cross_entropy(logits.float(), target)
+    frames = target < c.num_semantic  # positions that predict a frame (not the end)
+    rows_in, codes = fast_in[frames], batch.fast.transpose(1, 2)[mask][frames]  # [N, C]
+    if max_fast_rows is not None and rows_in.shape[0] > max_fast_rows:  # bound the fast batch
+        pick = torch.randperm(rows_in.shape[0], device=rows_in.device)[:max_fast_rows]
+        rows_in, codes = rows_in[pick], codes[pick]
+    out = fast_logits(model, rows_in, codes, dropout)
+    per = F.cross_entropy(out.float().transpose(1, 2), codes[:, 1:], reduction="none").mean(0)
+    fast = per.mean()
+    with torch.no_grad():
+        pred = logits.argmax(-1)
+        end = target == c.num_semantic
+        end_acc = (pred[end] == c.num_semantic).float().mean() if end.any() else pred.new_zeros((), dtype=torch.float)
+    return LossOut(slow + fast_weight * fast, slow, fast, per.detach(), (pred == target).float().mean(), end_acc)
+
+
+def init_weights_(model: DualARModel, seed: int = 0, std: float = 0.02) -> DualARModel:
+    """N(0, std) for linears and embeddings, output projections of each residual branch
+    scaled by 1/sqrt(2 * layers) (GPT-2), zero biases, unit norms."""
+    gen = torch.Generator().manual_seed(seed)
+    c = model.config
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim < 2:
+                p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else torch.zeros_like(p))
+                continue
+            scale = std
+            if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                depth = c.n_fast_layer if name.startswith("fast_") else c.n_layer
+                scale = std / (2 * depth) ** 0.5
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    model.refresh_head()
+    return model
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    other = [p for p in model.parameters() if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]

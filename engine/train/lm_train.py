@@ -1,0 +1,227 @@
+"""Train the small DualAR model on (text, codes) sequences in the S2 prompt format with
+voice-cloning references, resumably; export it with the codec as a checkpoint folder.
+
+    python -m engine.train.lm_train train --codes runs/codec/codes.npz --out runs/lm --minutes 9
+    python -m engine.train.lm_train export --out runs/lm --codec runs/codec/export --to runs/voice
+
+Loss: cross-entropy of the slow head over the semantic rows + <|im_end|> (what the engine
+samples) at every assistant position, plus the mean cross-entropy of the fast transformer
+over the residual codebooks of every frame. Checkpoints (every --save-minutes, and at the
+end) hold fp32 parameters, and the AdamW moments unless --no-moments (the GPU machine
+returns at most 64 MiB a call: parameters alone fit, parameters + moments do not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.model import DualARModel
+from engine.tokenizer import TextTokenizer, TinyLayout, build_tiny_tokenizer
+from engine.train import checkpoints
+from engine.train.lm_data import BatchStream, CodeSet, SequenceBuilder, SequenceConfig, collate
+from engine.train.lm_forward import init_weights_, losses, parameter_groups
+from engine.train.presets import VOICE_LAYOUT, voice_model_config
+from engine.train.schedule import Clock, lr_at
+
+
+@dataclasses.dataclass
+class LMTrainConfig:
+    batch_tokens: int = 32_768
+    lr: float = 1e-3
+    warmup: int = 300
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    fast_weight: float = 1.0
+    max_tokens: int = 1536  # = the model's max_seq_len (presets.voice_model_config)
+    max_fast_rows: int = 65_536
+    loader_workers: int = 4
+    dropout: float = 0.1
+    seed: int = 0
+
+
+def tokenizer_for(layout: TinyLayout) -> TextTokenizer:
+    return TextTokenizer._from_hf(build_tiny_tokenizer(layout), f"voice-{layout.codebook_size}")
+
+
+def build_model(config: ModelConfig, device: str, seed: int) -> DualARModel:
+    model = DualARModel(config).to(device)
+    return init_weights_(model, seed)
+
+
+@torch.no_grad()
+def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool) -> dict:
+    model.eval()
+    totals = {"slow": 0.0, "fast": 0.0, "slow_accuracy": 0.0, "end_accuracy": 0.0}
+    for i in range(0, len(seqs), 8):
+        batch = collate(seqs[i : i + 8]).to(device)
+        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+            out = losses(model, batch)
+        for k in totals:
+            totals[k] += float(getattr(out, k)) * len(seqs[i : i + 8]) / len(seqs)
+    model.train()
+    return {f"test_{k}": round(v, 4) for k, v in totals.items()}
+
+
+def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTrainConfig, config: ModelConfig,
+          layout: TinyLayout, device: str, max_steps: int | None = None, moments: bool = False,
+          log_every: int = 50, eval_every: int = 500, total_minutes: float | None = None) -> dict:
+    """Trains for `minutes` of wall clock (this call), on a schedule planned over
+    `total_minutes` of training (all calls; default: this call's minutes)."""
+    t_start = time.perf_counter()
+    trained_minutes = 0.0
+    state_dir = out / "state"
+    if checkpoints.exists(state_dir):  # resume with what it was started with
+        extra = json.loads((state_dir / checkpoints.STATE_FILE).read_text())["extra"]
+        config, cfg = ModelConfig(**extra["model_config"]), LMTrainConfig(**extra["train_config"])
+        layout = TinyLayout(**extra["layout"])
+        trained_minutes = extra.get("trained_minutes", 0.0)
+        total_minutes = total_minutes or extra.get("total_minutes")
+    if cfg.max_tokens > config.max_seq_len:
+        raise ValueError(f"max_tokens {cfg.max_tokens} exceeds the model's max_seq_len {config.max_seq_len}")
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(cfg.seed)
+    model = build_model(config, device, cfg.seed)
+    optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
+                                  fused=cuda)
+    step, rewarm = 0, None
+    if checkpoints.exists(state_dir):
+        st = checkpoints.load(state_dir, model, optimizer)
+        step, rewarm = st["step"], None if st["has_moments"] else st["step"]
+        print(f"resumed at step {step} (moments: {st['has_moments']})", file=sys.stderr)
+    data = CodeSet.load(codes)
+    tok = tokenizer_for(layout)
+    seq_cfg = SequenceConfig(max_tokens=cfg.max_tokens)
+    builder = SequenceBuilder(data, tok, config, seq_cfg, "train", seed=cfg.seed + step)
+    test = SequenceBuilder(data, tok, config, seq_cfg, "test", seed=1234)
+    test_seqs = [test.sample() for _ in range(64)]
+    loader = iter(torch.utils.data.DataLoader(
+        BatchStream(builder, cfg.batch_tokens), batch_size=None, num_workers=cfg.loader_workers, pin_memory=cuda,
+        prefetch_factor=4 if cfg.loader_workers else None, persistent_workers=cfg.loader_workers > 0))
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "log.jsonl").open("a")
+    deadline, last_save, t_log, history = t_start + minutes * 60, time.perf_counter(), time.perf_counter(), []
+    clock = Clock(total_minutes or minutes, trained_minutes)
+    model.train()
+    tokens_seen = 0
+    while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
+        batch = next(loader).to(device)
+        with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
+            result = losses(model, batch, cfg.fast_weight, cfg.max_fast_rows, cfg.dropout)
+        optimizer.zero_grad(set_to_none=True)
+        result.loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        step += 1
+        tokens_seen += batch.tokens.shape[0] * batch.tokens.shape[-1]
+        if step % log_every == 0 or step == 1:
+            dt = time.perf_counter() - t_log
+            row = {"step": step, **{k: round(float(getattr(result, k).detach()), 4) for k in ("loss", "slow", "fast")},
+                   "per_codebook": [round(v, 3) for v in result.per_codebook.tolist()],
+                   "slow_accuracy": round(float(result.slow_accuracy), 4),
+                   "end_accuracy": round(float(result.end_accuracy), 4),
+                   "lr": optimizer.param_groups[0]["lr"], "grad": round(float(grad), 3),
+                   "tokens_per_s": round(tokens_seen / dt), "minutes": round(clock.minutes, 2)}
+            if step % eval_every == 0:
+                row.update(held_out_loss(model, test_seqs, device, cuda))
+            tokens_seen, t_log = 0, time.perf_counter()
+            history.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            print(json.dumps(row), file=sys.stderr, flush=True)
+        if time.perf_counter() - last_save > save_minutes * 60:
+            _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
+            last_save = time.perf_counter()
+    final = held_out_loss(model, test_seqs, device, cuda)
+    print(json.dumps({"step": step, **final}), file=sys.stderr)
+    _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
+    return {"step": step, "history": history, "final": final}
+
+
+def _save(state_dir: Path, model, optimizer, step: int, config: ModelConfig, cfg: LMTrainConfig,
+          layout: TinyLayout, moments: bool, clock: Clock) -> None:
+    t0 = time.perf_counter()
+    extra = {"model_config": config.to_dict(), "train_config": dataclasses.asdict(cfg),
+             "layout": {"codebook_size": layout.codebook_size, "num_codebooks": layout.num_codebooks},
+             "trained_minutes": clock.minutes, "total_minutes": clock.total}
+    checkpoints.save(state_dir, model, optimizer, step, extra, moments=moments)
+    print(f"saved step {step} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def load_trained(out: Path, device: str = "cpu") -> tuple[DualARModel, TinyLayout, int]:
+    state_dir = out if checkpoints.exists(out) else out / "state"  # a training folder or its state
+    extra = json.loads((state_dir / checkpoints.STATE_FILE).read_text())["extra"]
+    config, layout = ModelConfig(**extra["model_config"]), TinyLayout(**extra["layout"])
+    model = DualARModel(config).to(device)
+    st = checkpoints.load(state_dir, model, None)
+    model.refresh_head()
+    return model.eval(), layout, st["step"]
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.train.lm_train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--codes", type=Path, required=True, help="codes.npz from codec_train encode")
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--minutes", type=float, default=9.0, help="wall-clock budget of this call")
+    t.add_argument("--total-minutes", type=float,
+                   help="training minutes planned over all calls (the LR schedule's length; default --minutes)")
+    t.add_argument("--save-minutes", type=float, default=3.0)
+    t.add_argument("--max-steps", type=int)
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="LMTrainConfig field")
+    t.add_argument("--model-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="ModelConfig field over engine.train.presets.voice_model_config")
+    t.add_argument("--moments", action="store_true", help="also checkpoint the AdamW moments (2x larger)")
+    t.add_argument("--log-every", type=int, default=50)
+    t.add_argument("--eval-every", type=int, default=500)
+    e = sub.add_parser("export")
+    e.add_argument("--out", type=Path, required=True, help="the training folder")
+    e.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
+    e.add_argument("--to", type=Path, required=True)
+    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    args = p.parse_args(argv)
+    if args.command == "train":
+        sets = dict(s.split("=", 1) for s in args.set)
+        cfg = LMTrainConfig(**{k: type(getattr(LMTrainConfig(), k))(_parse_value(v)) for k, v in sets.items()})
+        overrides = {k: _parse_value(v) for k, v in (s.split("=", 1) for s in args.model_set)}
+        layout = VOICE_LAYOUT
+        config = voice_model_config(layout, **overrides)
+        result = train(args.codes, args.out, args.minutes, args.save_minutes, cfg, config, layout, args.device,
+                       args.max_steps, args.moments, args.log_every, args.eval_every, args.total_minutes)
+        print(json.dumps(result["final"]), file=sys.stderr)
+    else:
+        from engine.train.export import copy_codec, folder_bytes, write_model
+
+        model, layout, step = load_trained(args.out)
+        write_model(model, layout, args.to, getattr(torch, args.dtype))
+        copy_codec(args.codec, args.to)
+        sizes = folder_bytes(args.to)
+        print(json.dumps({"step": step, "files": sizes, "total_mb": round(sum(sizes.values()) / 1e6, 2)}),
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""Learning-rate schedule over wall-clock time: linear warmup (steps), then cosine decay
+over the planned training minutes of all calls together (the GPU session works in calls of
+10 minutes whose step rate is not known in advance, so the schedule is set in minutes and
+ends exactly when the budget does). The minutes already trained travel in the checkpoint."""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+def lr_at(step: int, progress: float, lr: float, warmup: int, min_ratio: float,
+          rewarm_from: int | None = None) -> float:
+    """progress: trained minutes / planned minutes (0..1). A resume without optimizer
+    moments re-warms over warmup / 3 steps from `rewarm_from`."""
+    scale = min(1.0, (step + 1) / warmup)
+    if rewarm_from is not None:
+        scale = min(scale, (step - rewarm_from + 1) / max(1, warmup // 3))
+    progress = min(1.0, max(0.0, progress))
+    return lr * scale * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Clock:
+    """Minutes trained so far (this call + earlier ones) against the planned total."""
+
+    def __init__(self, total_minutes: float, trained_minutes: float = 0.0) -> None:
+        self.total, self.before, self.start = total_minutes, trained_minutes, time.perf_counter()
+
+    @property
+    def minutes(self) -> float:
+        return self.before + (time.perf_counter() - self.start) / 60
+
+    @property
+    def progress(self) -> float:
+        return self.minutes / max(self.total, 1e-9)

