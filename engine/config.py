@@ -115,6 +115,12 @@ class ModelConfig:
         return 16 if self.prompt_format == "s1" else 10
 
     @property
+    def uses_repetition_penalty(self) -> bool:
+        """S1 penalizes recent codes per codebook; S2 uses repetition-aware resampling
+        instead (upstream), so its frame step skips the penalty."""
+        return self.prompt_format == "s1"
+
+    @property
     def fast_vocab(self) -> int:
         return self.fast_sample_limit or self.codebook_size
 

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from engine.kv_cache import FastCache, KVCache
 from engine.model import DualARModel
-from engine.sampling import SamplingTensors, sample_codebook, sample_semantic
+from engine.sampling import SamplingTensors, frame_gumbel, sample_codebook, sample_semantic
 
 
 def check_window(window: Tensor, frame_codes: Tensor) -> None:
@@ -53,7 +53,10 @@ def sample_frame(
     fast_in: [B, fast_dim]; window: int32 [B, W, C]; frame_index: [B] int64 (noise
     counter per stream). Returns the frame [B, 1 + C] int64."""
     c = model.config
-    row = sample_semantic(head_logits, params, window[:, :, 0], frame_index, c.num_semantic)
+    penalize = c.uses_repetition_penalty
+    gumbel = frame_gumbel(params, frame_index, c.num_codebooks)  # [B, C + 1, K]: every draw's noise
+    row = sample_semantic(head_logits, params, window[:, :, 0], frame_index, c.num_semantic,
+                          gumbel[:, 0], gumbel[:, c.num_codebooks], penalize)
     is_end = row == c.num_semantic
     token = torch.where(is_end, c.im_end_id, c.semantic_begin_id + row)
     code = torch.where(is_end, 0, row)  # the end frame's codes are never decoded
@@ -61,7 +64,7 @@ def sample_frame(
     model.fast_step(fast_in, 0, fast)
     for i in range(1, c.num_codebooks):
         logits = model.fast_step(model.fast_embeddings(code), i, fast)[:, : c.fast_vocab]
-        code = sample_codebook(logits, params, window[:, :, i], frame_index, i)
+        code = sample_codebook(logits, params, window[:, :, i], frame_index, i, gumbel[:, i], penalize)
         codes.append(code)
     return torch.stack([token, *codes], dim=1)
 

@@ -15,7 +15,9 @@ from engine.attention import AttentionMeta, attend
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32, cast back, then scaled (the upstream order)."""
+    """RMSNorm computed in fp32 (upstream: normalize in fp32, cast back, then scale in
+    the model dtype; here the scale is applied in fp32 before the one cast back, which
+    differs from upstream by at most one rounding of the model dtype)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -23,10 +25,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        # F.rms_norm is one fused kernel on CUDA (vs ~5 for the spelled-out formula); the
-        # decode step runs ~300 of these, so kernel count matters more than FLOPs here
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return normed.type_as(x) * self.weight
+        # F.rms_norm with the weight is one fused kernel on CUDA that accumulates in fp32
+        # (vs 4 for cast, norm, cast back, scale: 3 x 234 launches a frame step at the
+        # s2-pro shape, latency_bench/launch_count.py); the step is launch-bound
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 def rope_table(max_len: int, head_dim: int, base: float) -> Tensor:
@@ -44,7 +46,10 @@ def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
 
     x: [B, S, H, Dh]; cos_sin: [B, S, Dh/2, 2] (rows of rope_table at each position).
     """
-    rot = torch.view_as_complex(cos_sin.float().contiguous()).unsqueeze(2)  # [B, S, 1, Dh/2]
+    cs = cos_sin.float()
+    if cs.stride(-1) != 1 or any(st % 2 for st in cs.stride()[:-1]):
+        cs = cs.contiguous()  # an expanded table (stride 0, the fast transformer's) views as is
+    rot = torch.view_as_complex(cs).unsqueeze(2)  # [B, S, 1, Dh/2]
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(xc * rot).flatten(-2).type_as(x)
 
@@ -86,21 +91,33 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(head_dim, eps)
             self.k_norm = RMSNorm(head_dim, eps)
 
+    def qkv(self, x: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: [B, S, D] -> q [B, S, H, Dh], k and v [B, S, K, Dh], QK-normed and rotated.
+
+        q and k are normed and rotated together, as one [B, S, H + K, Dh] view of the
+        fused projection: one norm, one scale and one rotation instead of two of each
+        (the decode step is launch-bound; latency_bench/launch_count.py). The norm is the
+        upstream order: normalize in fp32, cast back, then scale by q_norm / k_norm."""
+        b, s, _ = x.shape
+        h, kv, dh = self.n_head, self.n_kv_head, self.head_dim
+        qkv = self.wqkv(x)
+        qk = qkv[..., : (h + kv) * dh].view(b, s, h + kv, dh)
+        v = qkv[..., (h + kv) * dh :].view(b, s, kv, dh)
+        if self.qk_norm:
+            scale = torch.cat([self.q_norm.weight.expand(h, dh), self.k_norm.weight.expand(kv, dh)])  # [H + K, Dh]
+            qk = F.rms_norm(qk, (dh,), eps=self.q_norm.eps) * scale.to(qk.dtype)
+        qk = apply_rope(qk, cos_sin)
+        q, k = qk.split([h, kv], dim=2)
+        return q, k, v
+
     def forward(
         self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
     ) -> Tensor:
         # x: [B, S, D] -> [B, S, D]
         b, s, _ = x.shape
-        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(b, s, self.n_head, self.head_dim)
-        k = k.view(b, s, self.n_kv_head, self.head_dim)
-        v = v.view(b, s, self.n_kv_head, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        q, k, v = self.qkv(x, cos_sin)
         y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
-        return self.wo(y.reshape(b, s, q_size))
+        return self.wo(y.reshape(b, s, self.n_head * self.head_dim))
 
 
 class TransformerBlock(nn.Module):

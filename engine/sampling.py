@@ -3,11 +3,13 @@
 - Order (upstream S2): top-k, then top-p over the untempered distribution (a token is
   dropped when the cumulative probability including it exceeds top_p; the first always
   stays), then temperature, then a draw.
-- The draw is `argmax(log p - log E)` with E ~ Exp(1) (a Gumbel-style categorical draw).
-  The noise is a counter-based hash of (stream seed, frame index, codebook, token), so
-  a stream's samples do not depend on which other streams share its batch, and a fixed
-  seed reproduces a run exactly.
-- Repetition penalty (S1) over a window of previous tokens, per codebook.
+- The draw is `argmax(log p + G)` with G ~ Gumbel(0, 1) (upstream: `argmax(p / E)`,
+  E ~ Exp(1): the same categorical draw). The noise is a counter-based hash of (stream
+  seed, frame index, draw, candidate rank), so a stream's samples do not depend on which
+  other streams share its batch, a fixed seed reproduces a run exactly, and a frame's
+  noise for all its draws is made in one go before it (frame_gumbel).
+- Repetition penalty (S1) over a window of previous tokens, per codebook; S2 models do
+  not use it (upstream S2 has RAS instead), and their frame step skips it.
 - Repetition-aware resampling (S2): when the sampled semantic token is in the stream's
   window, it is redrawn at temperature 1.0 / top-p 0.9.
 - Greedy rows (temperature 0) take the argmax.
@@ -114,6 +116,10 @@ class SamplingTensors:
 
 _FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "ras", "seed", "allow_end")
 _MASK32 = 0xFFFFFFFF
+# Noise slots of one frame: 0 the semantic token, 1..C-1 the residual codes, RAS_DRAW the
+# repetition-aware redraw of the semantic token (so at most 63 codebooks).
+RAS_DRAW = 63
+DRAWS_PER_FRAME = 64
 
 
 def _hash32(x: Tensor) -> Tensor:
@@ -124,13 +130,29 @@ def _hash32(x: Tensor) -> Tensor:
     return (x >> 16) ^ x
 
 
-def uniform_noise(seed: Tensor, step: Tensor, codebook: int, index: Tensor) -> Tensor:
-    """Uniform (0, 1) noise per (stream, frame, codebook, token): [B, N] float32.
+def gumbel_noise(seed: Tensor, step: Tensor, draws: Tensor, k: int) -> Tensor:
+    """Gumbel(0, 1) noise per (stream, frame, draw, candidate rank): [B, D, k] float32.
 
-    seed, step: [B] int64; index: [B, N] int64 token indices."""
-    key = _hash32((seed & _MASK32) ^ _hash32(step * 16 + codebook))  # [B]
-    bits = _hash32(key[:, None] ^ _hash32(index & _MASK32))
-    return (bits.float() + 0.5) / 4294967296.0
+    seed, step: [B] int64; draws: [D] int64 noise slots (see RAS_DRAW). The noise is
+    indexed by the rank of a candidate after top-k, not by its token id: iid noise on
+    the sorted candidates gives the same categorical draw, and it depends on nothing the
+    model computed, so one call before the frame serves every draw of it (~45 integer
+    kernels once instead of once per draw)."""
+    key = _hash32((seed & _MASK32)[:, None] ^ _hash32(step[:, None] * DRAWS_PER_FRAME + draws[None, :]))  # [B, D]
+    rank = _hash32(torch.arange(k, device=seed.device))  # [k]
+    u = (_hash32(key[:, :, None] ^ rank[None, None, :]).float() + 0.5) / 4294967296.0  # uniform (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def frame_gumbel(params: "SamplingTensors", step: Tensor, num_codebooks: int) -> Tensor:
+    """All the noise of one frame's draws, made once before it: [B, C + 1, MAX_TOP_K];
+    rows 0..C-1 for the semantic token and the residual codes, row C for the RAS redraw
+    (noise slot RAS_DRAW). Built on the device alone (CUDA-graph safe)."""
+    if num_codebooks >= RAS_DRAW:
+        raise ValueError(f"at most {RAS_DRAW - 1} codebooks")
+    slots = torch.arange(num_codebooks + 1, device=step.device)
+    slots = torch.where(slots == num_codebooks, RAS_DRAW, slots)
+    return gumbel_noise(params.seed, step, slots, MAX_TOP_K)
 
 
 def window_presence(window: Tensor, vocab: int) -> Tensor:
@@ -149,52 +171,73 @@ def apply_repetition_penalty(logits: Tensor, presence: Tensor, penalty: Tensor) 
     return torch.where(presence, penalized, logits)
 
 
-def _draw(
-    logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor,
-    seed: Tensor, step: Tensor, codebook: int,
-) -> Tensor:
-    """One categorical draw per row after top-k / top-p / temperature: [B] int64."""
+def _candidates(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Top-MAX_TOP_K candidates of each row: values [B, k] (sorted descending), token
+    ids [B, k], and their probabilities under the untempered distribution."""
     logits = logits.float()
-    k = min(MAX_TOP_K, logits.shape[-1])
-    vals, idx = torch.topk(logits, k, dim=-1)  # sorted descending
+    vals, idx = torch.topk(logits, min(MAX_TOP_K, logits.shape[-1]), dim=-1)
     probs = torch.exp(vals - torch.logsumexp(logits, dim=-1, keepdim=True))
-    rank = torch.arange(k, device=logits.device)[None, :]
-    drop = (probs.cumsum(-1) > top_p[:, None]) | (rank >= top_k[:, None])
-    drop[:, 0] = False
-    temp = temperature.clamp(min=1e-5)[:, None]
-    scores = torch.where(drop, float("-inf"), vals / temp)
-    log_p = scores - torch.logsumexp(scores, dim=-1, keepdim=True)
-    noise = uniform_noise(seed, step, codebook, idx)
-    choice = torch.argmax(log_p - torch.log(-torch.log(noise)), dim=-1)
+    return vals, idx, probs
+
+
+def _pick(
+    cands: tuple[Tensor, Tensor, Tensor], temperature: Tensor, top_p: Tensor, top_k: Tensor, gumbel: Tensor,
+) -> Tensor:
+    """One categorical draw per row among the candidates after top-k / top-p /
+    temperature: [B] int64 token ids. gumbel: [B, >= k] noise by rank."""
+    vals, idx, probs = cands
+    k = vals.shape[-1]
+    rank = torch.arange(k, device=vals.device)[None, :]
+    # the first candidate always stays: a row never ends up with nothing to draw
+    drop = ((probs.cumsum(-1) > top_p[:, None]) | (rank >= top_k[:, None])) & (rank > 0)
+    scores = torch.where(drop, float("-inf"), vals / temperature.clamp(min=1e-5)[:, None])
+    # argmax(log_softmax(scores) + g) == argmax(scores + g): the normalizer is per row
+    choice = torch.argmax(scores + gumbel[:, :k], dim=-1)
     sampled = idx.gather(1, choice[:, None])[:, 0]
-    greedy = idx[:, 0]
-    return torch.where(temperature > 0, sampled, greedy)
+    return torch.where(temperature > 0, sampled, idx[:, 0])
+
+
+def _gumbel_or_own(gumbel: Tensor | None, params: SamplingTensors, step: Tensor, draw: int) -> Tensor:
+    if gumbel is not None:
+        return gumbel
+    slot = torch.full((1,), draw, dtype=torch.long, device=step.device)  # no host data: graph safe
+    return gumbel_noise(params.seed, step, slot, MAX_TOP_K)[:, 0]
 
 
 def sample_codebook(
-    logits: Tensor, params: SamplingTensors, window: Tensor, step: Tensor, codebook: int
+    logits: Tensor, params: SamplingTensors, window: Tensor, step: Tensor, codebook: int,
+    gumbel: Tensor | None = None, penalize: bool = True,
 ) -> Tensor:
     """Sample a residual code. logits: [B, V]; window: [B, W] previous codes of this
-    codebook (-1 empty); step: [B] frame index per stream. Returns [B] int64."""
-    presence = window_presence(window, logits.shape[-1])
-    logits = apply_repetition_penalty(logits.float(), presence, params.repetition_penalty)
-    return _draw(logits, params.temperature, params.top_p, params.top_k, params.seed, step, codebook)
+    codebook (-1 empty); step: [B] frame index per stream. Returns [B] int64.
+    gumbel: this draw's noise [B, MAX_TOP_K] (frame_gumbel(...)[:, codebook]), else made
+    here; penalize=False skips the repetition penalty (models that do not use it)."""
+    if penalize:
+        presence = window_presence(window, logits.shape[-1])
+        logits = apply_repetition_penalty(logits.float(), presence, params.repetition_penalty)
+    cands = _candidates(logits)
+    return _pick(cands, params.temperature, params.top_p, params.top_k, _gumbel_or_own(gumbel, params, step, codebook))
 
 
 def sample_semantic(
-    logits: Tensor, params: SamplingTensors, window: Tensor, step: Tensor, num_semantic: int
+    logits: Tensor, params: SamplingTensors, window: Tensor, step: Tensor, num_semantic: int,
+    gumbel: Tensor | None = None, ras_gumbel: Tensor | None = None, penalize: bool = True,
 ) -> Tensor:
     """Sample the slow head's row. logits: [B, num_semantic + 1] (semantic tokens, then
     end-of-speech); window: [B, W] previous semantic codes (-1 empty). Returns [B] int64
-    head rows: < num_semantic is a semantic code, == num_semantic is end-of-speech."""
-    presence = window_presence(window, logits.shape[-1])
-    logits = apply_repetition_penalty(logits.float(), presence, params.repetition_penalty)
+    head rows: < num_semantic is a semantic code, == num_semantic is end-of-speech.
+    gumbel / ras_gumbel: the noise of the draw and of the RAS redraw ([B, MAX_TOP_K]),
+    else made here."""
+    presence = window_presence(window, logits.shape[-1])  # also what RAS checks
+    logits = logits.float()
+    if penalize:
+        logits = apply_repetition_penalty(logits, presence, params.repetition_penalty)
     end_blocked = ~params.allow_end[:, None] & (torch.arange(logits.shape[-1], device=logits.device) == num_semantic)
-    logits = logits.masked_fill(end_blocked, float("-inf"))
-    normal = _draw(logits, params.temperature, params.top_p, params.top_k, params.seed, step, 0)
-    hot = _draw(
-        logits, torch.full_like(params.temperature, RAS_TEMPERATURE),
-        torch.full_like(params.top_p, RAS_TOP_P), params.top_k, params.seed, step, 63,
+    cands = _candidates(logits.masked_fill(end_blocked, float("-inf")))  # shared by both draws
+    normal = _pick(cands, params.temperature, params.top_p, params.top_k, _gumbel_or_own(gumbel, params, step, 0))
+    hot = _pick(
+        cands, torch.full_like(params.temperature, RAS_TEMPERATURE), torch.full_like(params.top_p, RAS_TOP_P),
+        params.top_k, _gumbel_or_own(ras_gumbel, params, step, RAS_DRAW),
     )
     repeated = presence.gather(1, normal[:, None])[:, 0] & (normal < num_semantic)
     use_hot = repeated & params.ras & (params.temperature > 0)

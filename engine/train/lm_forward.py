@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.layers import TransformerBlock, apply_rope
+from engine.layers import TransformerBlock
 from engine.model import DualARModel
 from engine.train.lm_data import IGNORE, Batch
 
@@ -28,14 +28,8 @@ def block_forward(block: TransformerBlock, x: Tensor, cos_sin: Tensor, dropout: 
     dozens of times in a run, and the engine's blocks have no dropout of their own."""
     a = block.attention
     b, s, _ = x.shape
-    q_size, kv_size = a.n_head * a.head_dim, a.n_kv_head * a.head_dim
-    q, k, v = a.wqkv(block.attention_norm(x)).split([q_size, kv_size, kv_size], dim=-1)
-    q = q.view(b, s, a.n_head, a.head_dim)
-    k = k.view(b, s, a.n_kv_head, a.head_dim)
-    v = v.view(b, s, a.n_kv_head, a.head_dim)
-    if a.qk_norm:
-        q, k = a.q_norm(q), a.k_norm(k)
-    q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+    q_size = a.n_head * a.head_dim
+    q, k, v = a.qkv(block.attention_norm(x), cos_sin)
     if a.n_kv_head != a.n_head:  # GQA: repeat keys/values (flash attention takes equal heads)
         k = k.repeat_interleave(a.n_head // a.n_kv_head, dim=2)
         v = v.repeat_interleave(a.n_head // a.n_kv_head, dim=2)

@@ -1,0 +1,167 @@
+"""Device operations per decode step, counted on the CPU: the kernel-launch proxy.
+
+On an H200 the frame step of the `s2-pro` shape is launch-bound: its GEMMs take ~5 ms and
+the ~3,900 small kernels around them (norms, RoPE, casts, sampling) ~5 ms more
+(latency_bench/reference/h200-s2pro/profile-first-kernel.json: 3,996 kernels a step). Each
+dispatched non-view ATen operation of the eager step is one kernel launch on a GPU (a CUDA
+graph replays the same launches), so their count can be read on any machine, in seconds,
+without weights that matter: the model keeps the preset's structure (layers, heads per
+group, codebooks, vocabulary, sampling) at a small width.
+
+    python -m latency_bench.launch_count --preset s2-pro --batch 1
+    python -m latency_bench.launch_count --preset s2-pro --batch 1 --by-op 25
+
+Counted: every ATen operation that is not a view (views launch nothing); `F.rms_norm`
+counts as one (on CUDA it is one fused kernel, on a CPU it decomposes into ~6 operations),
+plus one copy when its input is strided (the CUDA kernel makes it contiguous first).
+Host syncs (`.item()`, `.tolist()`, `.cpu()` on device data) are counted apart: a decode
+step must have none. The figure is a proxy: cuBLAS may add a split-K reduce kernel to a
+GEMM, and the Triton decode-attention kernel (GPU only) is counted here as the PyTorch
+reference's handful of operations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.bundle import ModelBundle, synthetic_tokenizer
+from engine.config import ModelConfig, preset
+from engine.model import DualARModel
+from engine.prompt import PromptBuilder
+from engine.tokenizer import TextTokenizer
+
+SYNC_OPS = {"aten._local_scalar_dense.default", "aten.item.default"}
+# Not views by their schema, but no kernel on CUDA either: a reshape of a contiguous
+# tensor, and a Python scalar wrapped for torch.where (a CPU scalar argument on CUDA).
+NO_KERNEL = {"aten._unsafe_view.default", "aten.scalar_tensor.default"}
+FUSED_ON_CUDA = {F.rms_norm: "rms_norm (fused)"}
+
+
+class _Dispatches(TorchDispatchMode):
+    def __init__(self, counts: Counter) -> None:
+        super().__init__()
+        self.counts = counts
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and not func.is_view and str(func) not in NO_KERNEL:
+            self.counts[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _FusedAsOne(TorchFunctionMode):
+    """Counts the functions that are one kernel on CUDA as one, and hides what they
+    decompose into on a CPU from the dispatch counter."""
+
+    def __init__(self, dispatches: _Dispatches) -> None:
+        super().__init__()
+        self.dispatches = dispatches
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = FUSED_ON_CUDA.get(func)
+        if name is None or self.dispatches.paused:
+            return func(*args, **(kwargs or {}))
+        self.dispatches.counts[name] += 1
+        if not args[0].is_contiguous():  # the fused CUDA kernel copies a strided input first
+            self.dispatches.counts[name + ": contiguous copy"] += 1
+        self.dispatches.paused += 1
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.dispatches.paused -= 1
+
+
+@contextmanager
+def count_launches():
+    """with count_launches() as counts: ... -> Counter of op name -> launches."""
+    counts: Counter = Counter()
+    dispatches = _Dispatches(counts)
+    with dispatches, _FusedAsOne(dispatches):
+        yield counts
+
+
+def syncs(counts: Counter) -> int:
+    return sum(n for op, n in counts.items() if op in SYNC_OPS)
+
+
+def launches(counts: Counter) -> int:
+    return sum(n for op, n in counts.items() if op not in SYNC_OPS)
+
+
+def narrow(config: ModelConfig, width: int = 64) -> ModelConfig:
+    """The preset's structure at a small width: same layers, head grouping, codebooks,
+    vocabulary and options; dims shrunk so that the step runs in milliseconds."""
+    heads = max(2, config.n_head // 8)
+    kv = max(1, heads * config.n_local_heads // config.n_head)
+    fast_heads = max(2, config.fast_n_head // 8)
+    fast_kv = max(1, fast_heads * config.fast_n_local_heads // config.fast_n_head)
+    return config.replace(
+        dim=width, n_head=heads, n_local_heads=kv, head_dim=16, intermediate_size=2 * width,
+        fast_dim=width, fast_n_head=fast_heads, fast_n_local_heads=fast_kv, fast_head_dim=16,
+        fast_intermediate_size=2 * width, max_seq_len=min(config.max_seq_len, 1024),
+    )
+
+
+def narrow_bundle(name: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> ModelBundle:
+    from engine.bundle import randomize_
+    from engine.codec.config import codec_preset
+    from engine.codec.model import Codec
+
+    config = narrow(preset(name))
+    tokenizer = TextTokenizer.tiny() if name == "tiny" else synthetic_tokenizer(config)
+    with torch.device("meta"):
+        model = DualARModel(config)
+        codec = Codec(codec_preset("tiny"))  # never used by a decode step
+    model = randomize_(model, seed, "cpu", dtype).finish_loading().eval()
+    codec = randomize_(codec, seed + 1, "cpu", torch.float32).eval()
+    return ModelBundle(name=f"{name}-narrow", model=model, tokenizer=tokenizer, codec=codec,
+                       prompts=PromptBuilder(tokenizer, config), load_seconds=0.0)
+
+
+def step_counts(name: str, batch: int, context: int = 300) -> Counter:
+    """Launches of one decode step (runner._step, what a CUDA graph captures) for `batch`
+    streams at `context` positions."""
+    from engine.runner import Runner
+
+    bundle = narrow_bundle(name)
+    runner = Runner(bundle, max_running=batch, max_len=context + 64)
+    runner.batch_slots[:batch] = torch.arange(batch)
+    runner.positions[:batch] = context
+    # no_grad, not inference_mode: under inference_mode dtype casts (`.float()`, `.to`)
+    # bypass the Python dispatch key and would go uncounted
+    with torch.no_grad():
+        runner._step(batch, context + 1)  # warm (lazy buffers)
+        with count_launches() as counts:
+            runner._step(batch, context + 1)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="s2-pro")
+    ap.add_argument("--batch", default="1,64", help="comma-separated batch sizes")
+    ap.add_argument("--by-op", type=int, default=0, help="also list the N most frequent operations")
+    ap.add_argument("--json", help="write the counts here")
+    args = ap.parse_args(argv)
+    report = {}
+    for b in (int(x) for x in args.batch.split(",")):
+        counts = step_counts(args.preset, b)
+        report[b] = {"launches": launches(counts), "host_syncs": syncs(counts), "by_op": dict(counts.most_common())}
+        print(f"{args.preset} decode step, batch {b}: {launches(counts)} launches, {syncs(counts)} host syncs")
+        for op, n in counts.most_common(args.by_op):
+            print(f"  {n:6d}  {op}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "steps": report}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

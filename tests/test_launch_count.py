@@ -1,0 +1,68 @@
+"""The decode step's device work, counted on the CPU (latency_bench/launch_count.py): no
+host sync, a bounded number of kernel launches at the s2-pro structure, and one frame's
+shared noise giving the same draws as noise made per draw."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sampling import RAS_DRAW, SamplingParams, SamplingTensors, frame_gumbel, gumbel_noise, sample_codebook
+from latency_bench.launch_count import count_launches, launches, step_counts, syncs
+
+# Launches of one s2-pro-structured decode step (eager, PyTorch decode attention) as of
+# this commit: 2,030 at batch 1, 2,066 at batch 64; 3,728 before the norms, RoPE and the
+# sampling noise were restructured (the H200 profile of that code counted 3,996 kernels,
+# split-K reduces included). The bound leaves room for small changes, not for a return
+# of per-draw noise (~450 launches) or unfused norms (~700).
+S2_PRO_STEP_BUDGET = 2_200
+
+
+def test_decode_step_has_no_host_sync_and_stays_within_its_launch_budget():
+    for batch in (1, 8):
+        counts = step_counts("s2-pro", batch)
+        assert syncs(counts) == 0, {op: n for op, n in counts.items() if "item" in op or "scalar_dense" in op}
+        assert 1_000 < launches(counts) <= S2_PRO_STEP_BUDGET, counts.most_common(10)
+
+
+def test_counter_sees_casts_and_skips_views():
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    with torch.no_grad(), count_launches() as counts:
+        y = x.float().view(8, 4).t()  # one cast, two views
+        y.sum().item()  # one reduction, one host sync
+    assert launches(counts) == 2 and syncs(counts) == 1, counts
+
+
+def test_rms_norm_counts_as_one_kernel_plus_a_copy_when_strided():
+    x = torch.randn(2, 3, 8)
+    w = torch.ones(4)
+    with torch.no_grad(), count_launches() as counts:
+        torch.nn.functional.rms_norm(x, (8,), eps=1e-6)
+        torch.nn.functional.rms_norm(x[..., :4], (4,), w, eps=1e-6)
+    assert counts["rms_norm (fused)"] == 2 and counts["rms_norm (fused): contiguous copy"] == 1
+    assert launches(counts) == 3, counts
+
+
+def test_frame_noise_is_the_noise_each_draw_would_make_itself():
+    params = SamplingTensors.from_params(
+        [SamplingParams(seed=s, temperature=1.0, top_p=1.0, top_k=0) for s in (3, 4, 3)], "cpu"
+    )
+    step = torch.tensor([7, 7, 8])
+    g = frame_gumbel(params, step, num_codebooks=4)  # [B, 5, K]
+    assert g.shape == (3, 5, 128) and torch.isfinite(g).all()
+    for codebook in range(4):
+        own = gumbel_noise(params.seed, step, torch.tensor([codebook]), 128)[:, 0]
+        assert torch.equal(g[:, codebook], own)
+    assert torch.equal(g[:, 4], gumbel_noise(params.seed, step, torch.tensor([RAS_DRAW]), 128)[:, 0])
+    # different streams, frames and draws get different noise; the same ones the same
+    assert not torch.equal(g[0, 1], g[1, 1]) and not torch.equal(g[0, 1], g[2, 1]) and not torch.equal(g[0, 1], g[0, 2])
+    logits = torch.randn(3, 50)
+    window = torch.full((3, 10), -1, dtype=torch.int32)
+    shared = sample_codebook(logits, params, window, step, 2, g[:, 2])
+    assert torch.equal(shared, sample_codebook(logits, params, window, step, 2))
+
+
+def test_gumbel_noise_is_gumbel_distributed():
+    seed = torch.arange(64)
+    g = gumbel_noise(seed, torch.zeros(64, dtype=torch.long), torch.arange(8), 128).flatten()
+    # Gumbel(0, 1): mean = Euler-Mascheroni 0.5772, variance pi^2 / 6 = 1.645 (65,536 samples)
+    assert abs(g.mean().item() - 0.5772) < 0.02 and abs(g.var().item() - 1.645) < 0.05
