@@ -55,15 +55,39 @@ def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x).
+
+    The checkpoint keeps w1 and w3 apart; `fuse_gate_up_()` (the serving runner calls it)
+    stacks them into one [2H, D] projection, `w13`, so that a decode step makes one GEMM
+    instead of two per block (76 fewer launches a step at the s2-pro shape, and one larger
+    weight stream instead of two). The state dict then holds `w13` instead of w1 / w3."""
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
+        self.hidden = hidden
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.fused = False
+
+    @torch.no_grad()
+    def fuse_gate_up_(self) -> "FeedForward":
+        if not self.fused:
+            w1, w3 = self.w1.weight, self.w3.weight
+            w13 = nn.Linear(w1.shape[1], 2 * self.hidden, bias=False, device="meta")
+            w13.weight = nn.Parameter(torch.cat([w1, w3]), requires_grad=w1.requires_grad)
+            del self.w1, self.w3  # their memory goes back as the stacked copy takes its place
+            self.w13, self.fused = w13, True
+        return self
+
+    def gate_up_weight(self) -> Tensor:
+        """[2H, D]: the gate (w1) rows, then the up (w3) rows, fused or not."""
+        return self.w13.weight if self.fused else torch.cat([self.w1.weight, self.w3.weight])
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused:
+            gate, up = self.w13(x).split(self.hidden, dim=-1)
+            return self.w2(F.silu(gate) * up)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 

@@ -97,7 +97,7 @@ class FP8FeedForward(nn.Module):
     def from_feed_forward(cls, ff: FeedForward, kernel: bool = True) -> "FP8FeedForward":
         # one weight [2H, D]: gate rows then up rows (a block may straddle the seam when
         # H % 128 != 0; it is then one block of the stacked matrix, scaled as such)
-        stacked = torch.cat([ff.w1.weight.detach(), ff.w3.weight.detach()])
+        stacked = ff.gate_up_weight().detach()
         w13 = FP8Linear(*_quantize_weight(stacked), kernel=kernel)
         return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel)
 

@@ -35,12 +35,21 @@ from torch import Tensor
 from engine.bundle import ModelBundle
 from engine.frame import decode_frame, new_window, push_window, sample_frame
 from engine.kv_cache import FastCache, KVCache
+from engine.layers import FeedForward
 from engine.sampling import SamplingParams, SamplingTensors
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Segments prefilled together at most: one prefill launches ~1,000 kernels whatever its
 # batch, so when many streams flush at once they share those launches.
 MAX_PREFILL_BATCH = 16
+
+
+def fuse_feed_forwards_(model) -> None:
+    """One gate/up GEMM per block for serving (FeedForward.fuse_gate_up_); FP8 blocks
+    already stack theirs."""
+    for block in [*model.layers, *model.fast_layers]:
+        if isinstance(block.feed_forward, FeedForward):
+            block.feed_forward.fuse_gate_up_()
 
 
 def batch_buckets(max_running: int) -> list[int]:
@@ -81,6 +90,7 @@ class Runner:
         self.model = bundle.model
         c = self.config = bundle.config
         self.device, self.dtype = bundle.device, bundle.dtype
+        fuse_feed_forwards_(self.model)
         self.cuda = self.device.type == "cuda"
         if self.cuda:
             # cuDNN's SDPA backend builds an execution plan per new (query, key) length,
