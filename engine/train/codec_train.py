@@ -125,6 +125,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     # the schedule counts training time only (not the data loading above)
     clock = Clock(total_minutes or (deadline - time.perf_counter()) / 60, trained_minutes)
     last_save, t_log, history = time.perf_counter(), time.perf_counter(), []
+    logged_step = step  # the step of the last log row (or of the start): steps_per_s over the real count
     trainer.train()
     while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
         for group in optimizer.param_groups:
@@ -144,9 +145,9 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
             row.update(step=step, lr=optimizer.param_groups[0]["lr"], grad=round(float(grad), 3),
                        snr_db=round(snr_db(terms["_y"].detach(), x), 2), restarted=restarted,
                        perplexity=[round(p, 1) for p in perplexity],
-                       steps_per_s=round(log_every / (time.perf_counter() - t_log), 2),
+                       steps_per_s=round((step - logged_step) / (time.perf_counter() - t_log), 2),
                        minutes=round(clock.minutes, 2))
-            t_log = time.perf_counter()
+            t_log, logged_step = time.perf_counter(), step
             history.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()

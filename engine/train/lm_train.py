@@ -144,9 +144,10 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
         if time.perf_counter() - last_save > save_minutes * 60:
             _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
             last_save = time.perf_counter()
+    # save first: the state is what the next call needs, and the evaluation's time is not training time
+    _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
     final = held_out_loss(model, test_seqs, device, cuda)
     print(json.dumps({"step": step, **final}), file=sys.stderr)
-    _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
     return {"step": step, "history": history, "final": final}
 
 

@@ -9,7 +9,7 @@ TOTAL_MINUTES=${TOTAL_MINUTES:-$MINUTES}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 export PYTHONUNBUFFERED=1 OPUS_LIBRARY=$PWD/.carry/lib/libopus.so.0
 W=/tmp/voice-codec
-mkdir -p $W
+rm -rf $W && mkdir -p $W   # a warm machine keeps /tmp: never resume a previous call's leftovers
 if [ -d .carry/codec-state ]; then cp -r .carry/codec-state $W/state; fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m engine.train.codec_train train --data .carry/voice/audio --out $W --minutes "$MINUTES" \

@@ -9,7 +9,7 @@ TOTAL_MINUTES=${TOTAL_MINUTES:-$MINUTES}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 export PYTHONUNBUFFERED=1
 W=/tmp/voice-lm
-mkdir -p $W
+rm -rf $W && mkdir -p $W   # a warm machine keeps /tmp: never resume a previous call's leftovers
 if [ -d .carry/lm-state ]; then cp -r .carry/lm-state $W/state; fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m engine.train.lm_train train --codes .carry/codes.npz --out $W --minutes "$MINUTES" \
