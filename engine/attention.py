@@ -46,6 +46,9 @@ class DecodeMeta:
     positions: Tensor  # [B] int64, position of each stream's new token
     kv_len: int  # attend over positions [0, kv_len); must exceed every positions[b]
     kernel: bool = False  # the Triton decode-attention kernel (reads each row to its length)
+    # the Triton kernel that norms, rotates and caches q/k/v in one launch
+    # (kernels/qk_rope_kv.py; engine/layers.py Attention.forward takes that path)
+    fused_qkv: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,11 @@ def _decode(q, k, v, k_cache, v_cache, meta: DecodeMeta) -> Tensor:
     flat = meta.slots * length + meta.positions  # [B] index into [rows * L]
     k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, k[:, 0])
     v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, v[:, 0])
+    return decode_cached(q, k_cache, v_cache, meta)
+
+
+def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta) -> Tensor:
+    """Decode attention over caches that already hold the new position. q: [B, 1, H, Dh]."""
     if meta.kernel:
         from kernels.decode_attention import decode_attention
 

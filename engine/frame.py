@@ -81,8 +81,9 @@ def decode_frame(
     window: Tensor,
     frame_index: Tensor,
     attention_kernel: bool = False,
+    fused_qkv: bool = False,
 ) -> Tensor:
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
     the next frame [B, 1 + C]."""
-    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel)
+    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel, fused_qkv)
     return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index)

@@ -130,11 +130,13 @@ class DualARModel(nn.Module):
         return self._head(x[torch.arange(b, device=x.device), lengths - 1])
 
     def decode_slow(
-        self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False
+        self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False,
+        fused_qkv: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """One position for each of B streams. tokens: [B, 1 + C]; slots, positions: [B].
-        `kernel` picks the Triton decode-attention kernel over the PyTorch reference."""
-        meta = DecodeMeta(slots, positions, kv_len, kernel)
+        `kernel` picks the Triton decode-attention kernel over the PyTorch reference,
+        `fused_qkv` the Triton kernel that norms, rotates and caches q/k/v in one launch."""
+        meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv)
         x = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
         return self._head(x[:, 0])
 

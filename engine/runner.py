@@ -18,12 +18,13 @@ On a GPU, one CUDA graph per batch-size bucket captures the whole step (gather, 
 step, every fast codebook step, sampling, window update, scatter), so a step is one
 graph replay; graphs attend through the Triton decode-attention kernel, which reads each
 row only up to its own length. On a CPU everything runs eagerly and synchronously
-through the same code (`cuda_graphs=False` / `attention_kernel=False` select the eager
-and reference paths on a GPU too).
+through the same code (`cuda_graphs=False` / `attention_kernel=False` / `fused_qkv=False`
+select the eager and reference paths on a GPU too).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from engine.frame import decode_frame, new_window, push_window, sample_frame
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import FeedForward
 from engine.sampling import SamplingParams, SamplingTensors
+
+log = logging.getLogger("engine")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Segments prefilled together at most: one prefill launches ~1,000 kernels whatever its
@@ -85,6 +88,7 @@ class Runner:
         max_len: int,
         cuda_graphs: bool | None = None,
         attention_kernel: bool | None = None,
+        fused_qkv: bool | None = None,
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -99,6 +103,7 @@ class Runner:
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.attention_kernel = self.cuda if attention_kernel is None else attention_kernel
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
+        self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
         if self.cuda_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.max_running = max_running
@@ -139,6 +144,20 @@ class Runner:
         if self.cuda_graphs:
             self._capture_graphs()
             self._capture_first_frame_graph()
+
+    def _fused_qkv_ok(self) -> bool:
+        """On a GPU, decode steps norm, rotate and cache q/k/v in one Triton launch per
+        layer (kernels/qk_rope_kv.py) once that kernel has compiled and matched its
+        reference here at the model's shapes; elsewhere, or if it did not, PyTorch."""
+        if not (self.cuda and self.attention_kernel):
+            return False
+        from kernels.qk_rope_kv import self_check
+
+        c = self.config
+        why = self_check(self.device, self.dtype, c.n_head, c.n_local_heads, c.head_dim, c.attention_qk_norm, c.norm_eps)
+        if why is not None:
+            log.warning("fused q/k/v decode kernel off (PyTorch path instead): %s", why)
+        return why is None
 
     # --- prefill (prefill thread) ----------------------------------------------------------
 
@@ -302,7 +321,7 @@ class Runner:
         frame_index = self.frame_index[idx]
         out = decode_frame(
             self.model, self.kv, self.decode_fast, tokens, idx, positions, kv_len,
-            self.params.gather(idx), windows, frame_index, self.attention_kernel,
+            self.params.gather(idx), windows, frame_index, self.attention_kernel, self.fused_qkv,
         )
         self.tokens.index_copy_(0, idx, out)
         self.windows.index_copy_(0, idx, windows)

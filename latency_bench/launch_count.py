@@ -10,6 +10,7 @@ group, codebooks, vocabulary, sampling) at a small width.
 
     python -m latency_bench.launch_count --preset s2-pro --batch 1
     python -m latency_bench.launch_count --preset s2-pro --batch 1 --by-op 25
+    TRITON_INTERPRET=1 python -m latency_bench.launch_count --preset s2-pro --kernels   # the GPU's path
 
 Counted: every ATen operation that is not a view (views launch nothing); `F.rms_norm`
 counts as one (on CUDA it is one fused kernel, on a CPU it decomposes into ~6 operations),
@@ -17,7 +18,8 @@ plus one copy when its input is strided (the CUDA kernel makes it contiguous fir
 Host syncs (`.item()`, `.tolist()`, `.cpu()` on device data) are counted apart: a decode
 step must have none. The figure is a proxy: cuBLAS may add a split-K reduce kernel to a
 GEMM, and the Triton decode-attention kernel (GPU only) is counted here as the PyTorch
-reference's handful of operations.
+reference's handful of operations unless `--kernels` runs the Triton path (each Triton
+launcher counted as the kernels it launches).
 """
 
 from __future__ import annotations
@@ -126,20 +128,60 @@ def narrow_bundle(name: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16)
                        prompts=PromptBuilder(tokenizer, config), load_seconds=0.0)
 
 
-def step_counts(name: str, batch: int, context: int = 300) -> Counter:
+# Triton launchers the GPU step calls (engine/attention.py, engine/layers.py), with the
+# kernels each launches; counted as such when `kernels=True` (their torch.empty outputs
+# launch nothing)
+TRITON_LAUNCHERS = {
+    ("kernels.decode_attention", "decode_attention"): 2,  # split + combine
+    ("kernels.qk_rope_kv", "qk_rope_kv"): 1,
+}
+
+
+@contextmanager
+def _counting_triton_launchers(counts: Counter):
+    import importlib
+
+    patched = []
+    for (module_name, fn_name), n in TRITON_LAUNCHERS.items():
+        module = importlib.import_module(module_name)
+        fn = getattr(module, fn_name)
+
+        def counted(*args, _fn=fn, _n=n, _name=f"triton {fn_name}", **kwargs):
+            counts[_name] += _n
+            mode = torch.utils._python_dispatch._get_current_dispatch_mode()
+            if isinstance(mode, _Dispatches):
+                mode.paused += 1
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                if isinstance(mode, _Dispatches):
+                    mode.paused -= 1
+
+        setattr(module, fn_name, counted)
+        patched.append((module, fn_name, fn))
+    try:
+        yield
+    finally:
+        for module, fn_name, fn in patched:
+            setattr(module, fn_name, fn)
+
+
+def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False) -> Counter:
     """Launches of one decode step (runner._step, what a CUDA graph captures) for `batch`
-    streams at `context` positions."""
+    streams at `context` positions. kernels=True: the GPU's path, with the Triton decode
+    kernels (run by the interpreter on a CPU: set TRITON_INTERPRET=1 before importing)."""
     from engine.runner import Runner
 
     bundle = narrow_bundle(name)
-    runner = Runner(bundle, max_running=batch, max_len=context + 64)
+    runner = Runner(bundle, max_running=batch, max_len=context + 64, cuda_graphs=False,
+                    attention_kernel=kernels, fused_qkv=kernels)
     runner.batch_slots[:batch] = torch.arange(batch)
     runner.positions[:batch] = context
     # no_grad, not inference_mode: under inference_mode dtype casts (`.float()`, `.to`)
     # bypass the Python dispatch key and would go uncounted
     with torch.no_grad():
         runner._step(batch, context + 1)  # warm (lazy buffers)
-        with count_launches() as counts:
+        with count_launches() as counts, _counting_triton_launchers(counts):
             runner._step(batch, context + 1)
     return counts
 
@@ -149,11 +191,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", default="s2-pro")
     ap.add_argument("--batch", default="1,64", help="comma-separated batch sizes")
     ap.add_argument("--by-op", type=int, default=0, help="also list the N most frequent operations")
+    ap.add_argument("--kernels", action="store_true",
+                    help="the GPU's path: Triton decode attention and the fused q/k/v kernel (interpreted on a CPU)")
     ap.add_argument("--json", help="write the counts here")
     args = ap.parse_args(argv)
     report = {}
     for b in (int(x) for x in args.batch.split(",")):
-        counts = step_counts(args.preset, b)
+        counts = step_counts(args.preset, b, kernels=args.kernels)
         report[b] = {"launches": launches(counts), "host_syncs": syncs(counts), "by_op": dict(counts.most_common())}
         print(f"{args.preset} decode step, batch {b}: {launches(counts)} launches, {syncs(counts)} host syncs")
         for op, n in counts.most_common(args.by_op):

@@ -27,15 +27,15 @@ cat "$out/gpu.txt"
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
 case "$part" in
 tests)
-    timeout 540 python3 -m pytest -q -x tests/test_gpu.py tests/test_kernel_decode_attention.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 540 python3 -m pytest -q -x tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py 2>&1 | tee "$out/gpu_tests.log"
     ;;
 tests+engine)
-    timeout 200 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 200 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py 2>&1 | tee "$out/gpu_tests.log"
     timeout 330 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,4,16,32,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 100,300,1000 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     ;;
 quick)
-    timeout 90 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 90 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py 2>&1 | tee "$out/gpu_tests.log"
     timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     ;;

@@ -1,0 +1,166 @@
+"""Decode-step attention inputs in one launch: QK-norm, RoPE and the KV-cache write.
+
+    qkv      [B, (H + 2K) * Dh]   the fused projection of one new position per stream
+    q_scale  [Dh], k_scale [Dh]   the QK-norm weights (ignored without QK-norm)
+    cos_sin  [B, Dh/2, 2] fp32    each stream's RoPE row (cos, sin of each pair)
+    k_cache, v_cache [rows, L, K, Dh]   written at (slots[b], positions[b])
+    -> q     [B, H, Dh]           normed and rotated queries
+
+Per head (one program per stream and head): QK-norm in the upstream order (normalize in
+fp32, round to the model dtype, scale in the model dtype), then RoPE on interleaved pairs
+in fp32, rounded once; keys go straight into the cache, values are copied there.
+
+What it replaces, per slow layer of a decode step (engine/layers.py Attention.qkv +
+engine/attention.py _decode): the strided-input copy, the norm, the scale's concat and
+multiply, RoPE's cast / complex multiply / cast back, and the two cache writes: 9
+launches, 1 here (-288 a step at the s2-pro shape's 36 layers; latency_bench/launch_count).
+
+`qk_rope_kv_reference` is the same function in plain PyTorch, built from the model's own
+code, so the two cannot drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _qk_rope_kv_kernel(
+    qkv_ptr, qs_ptr, ks_ptr, rope_ptr, slot_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
+    stride_xb, stride_rb, stride_qb, stride_qh,
+    stride_kr, stride_kl, stride_kk, stride_vr, stride_vl, stride_vk,
+    eps,
+    H: tl.constexpr, KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)  # 0..H-1 queries, H..H+KV-1 keys, then KV values
+    i = tl.arange(0, HALF)
+    src = qkv_ptr + b * stride_xb + head * (2 * HALF)
+    slot = tl.load(slot_ptr + b)
+    pos = tl.load(pos_ptr + b)
+    even = tl.load(src + 2 * i)
+    odd = tl.load(src + 2 * i + 1)
+    if head >= H + KV:  # a value head: copied as it is
+        dst = v_ptr + slot * stride_vr + pos * stride_vl + (head - H - KV) * stride_vk
+        tl.store(dst + 2 * i, even)
+        tl.store(dst + 2 * i + 1, odd)
+    else:
+        dtype = even.dtype
+        xe = even.to(tl.float32)
+        xo = odd.to(tl.float32)
+        if QK_NORM:
+            rstd = 1.0 / tl.sqrt((tl.sum(xe * xe, axis=0) + tl.sum(xo * xo, axis=0)) / (2 * HALF) + eps)
+            if head < H:
+                we = tl.load(qs_ptr + 2 * i)
+                wo = tl.load(qs_ptr + 2 * i + 1)
+            else:
+                we = tl.load(ks_ptr + 2 * i)
+                wo = tl.load(ks_ptr + 2 * i + 1)
+            # normalize in fp32, round to the model dtype, scale in it (rounded again)
+            xe = ((xe * rstd).to(dtype).to(tl.float32) * we.to(tl.float32)).to(dtype).to(tl.float32)
+            xo = ((xo * rstd).to(dtype).to(tl.float32) * wo.to(tl.float32)).to(dtype).to(tl.float32)
+        cos = tl.load(rope_ptr + b * stride_rb + 2 * i)
+        sin = tl.load(rope_ptr + b * stride_rb + 2 * i + 1)
+        ye = (xe * cos - xo * sin).to(dtype)
+        yo = (xe * sin + xo * cos).to(dtype)
+        if head < H:
+            dst = q_ptr + b * stride_qb + head * stride_qh
+        else:
+            dst = k_ptr + slot * stride_kr + pos * stride_kl + (head - H) * stride_kk
+        tl.store(dst + 2 * i, ye)
+        tl.store(dst + 2 * i + 1, yo)
+
+
+def _check(qkv, cos_sin, k_cache, v_cache, slots, positions, n_head):
+    b = qkv.shape[0]
+    rows, length, kv, dh = k_cache.shape
+    if qkv.ndim != 2 or qkv.shape[1] != (n_head + 2 * kv) * dh or qkv.stride(1) != 1:
+        raise ValueError(f"qkv must be [B, (H + 2K) * Dh] = [{b}, {(n_head + 2 * kv) * dh}] with unit inner stride, "
+                         f"got {list(qkv.shape)} strides {qkv.stride()}")
+    if v_cache.shape != k_cache.shape or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k and v caches must have one shape and a contiguous head dim")
+    if dh & (dh - 1) or dh < 4:
+        raise ValueError(f"head dim {dh} must be a power of two >= 4")
+    if tuple(cos_sin.shape) != (b, dh // 2, 2) or cos_sin.dtype != torch.float32 or not cos_sin[0].is_contiguous():
+        raise ValueError(f"cos_sin must be fp32 [B, Dh/2, 2] = [{b}, {dh // 2}, 2], rows contiguous, "
+                         f"got {cos_sin.dtype} {list(cos_sin.shape)}")
+    if slots.shape != (b,) or positions.shape != (b,) or slots.dtype != torch.int64 or positions.dtype != torch.int64:
+        raise ValueError("slots and positions must be int64 [batch]")
+    if qkv.dtype != k_cache.dtype:
+        raise ValueError(f"qkv ({qkv.dtype}) and the caches ({k_cache.dtype}) must share a dtype")
+
+
+def qk_rope_kv(
+    qkv: Tensor, q_scale: Tensor | None, k_scale: Tensor | None, cos_sin: Tensor, eps: float,
+    k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor, n_head: int,
+) -> Tensor:
+    """See the module docstring. q_scale / k_scale None: no QK-norm. Returns q [B, H, Dh]."""
+    _check(qkv, cos_sin, k_cache, v_cache, slots, positions, n_head)
+    b = qkv.shape[0]
+    kv, dh = k_cache.shape[2], k_cache.shape[3]
+    qk_norm = q_scale is not None
+    if qk_norm and (q_scale.shape != (dh,) or k_scale is None or k_scale.shape != (dh,)):
+        raise ValueError(f"q_scale and k_scale must both be [{dh}]")
+    q = torch.empty(b, n_head, dh, device=qkv.device, dtype=qkv.dtype)
+    scales = (q_scale, k_scale) if qk_norm else (qkv, qkv)  # unread without QK-norm
+    _qk_rope_kv_kernel[(b, n_head + 2 * kv)](
+        qkv, scales[0], scales[1], cos_sin, slots, positions, q, k_cache, v_cache,
+        qkv.stride(0), cos_sin.stride(0), q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        eps, H=n_head, KV=kv, HALF=dh // 2, QK_NORM=qk_norm,
+    )
+    return q
+
+
+def qk_rope_kv_reference(
+    qkv: Tensor, q_scale: Tensor | None, k_scale: Tensor | None, cos_sin: Tensor, eps: float,
+    k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor, n_head: int,
+) -> Tensor:
+    """The same function in plain PyTorch (the model's eager decode path)."""
+    from engine.layers import apply_rope
+
+    _check(qkv, cos_sin, k_cache, v_cache, slots, positions, n_head)
+    b = qkv.shape[0]
+    rows, length, kv, dh = k_cache.shape
+    qk = qkv[:, : (n_head + kv) * dh].view(b, 1, n_head + kv, dh)
+    v = qkv[:, (n_head + kv) * dh :].view(b, kv, dh)
+    if q_scale is not None:
+        scale = torch.cat([q_scale.expand(n_head, dh), k_scale.expand(kv, dh)])
+        qk = torch.nn.functional.rms_norm(qk, (dh,), eps=eps) * scale.to(qk.dtype)
+    qk = apply_rope(qk, cos_sin[:, None])[:, 0]
+    flat = slots * length + positions
+    k_cache.view(rows * length, kv, dh).index_copy_(0, flat, qk[:, n_head:])
+    v_cache.view(rows * length, kv, dh).index_copy_(0, flat, v)
+    return qk[:, :n_head].contiguous()
+
+
+def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_heads: int, head_dim: int,
+               qk_norm: bool, eps: float = 1e-6) -> str | None:
+    """Compile and run the kernel once at the serving shapes against the reference; None
+    if they agree, else why not (the caller then keeps the PyTorch path). A serving
+    process thus never runs a kernel that failed to compile or disagrees on this GPU."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        b, rows, length = 3, 4, 16
+        qkv = torch.randn(b, (n_head + 2 * kv_heads) * head_dim, generator=g).to(device, dtype)
+        scales = (torch.rand(head_dim, generator=g) + 0.5, torch.rand(head_dim, generator=g) + 0.5)
+        qs, ks = (s.to(device, dtype) for s in scales) if qk_norm else (None, None)
+        angles = torch.rand(b, head_dim // 2, generator=g) * 6.28
+        cos_sin = torch.stack([angles.cos(), angles.sin()], dim=-1).to(device)
+        slots, positions = torch.tensor([2, 0, 3], device=device), torch.tensor([5, 0, 15], device=device)
+        got = [torch.zeros(rows, length, kv_heads, head_dim, device=device, dtype=dtype) for _ in range(2)]
+        want = [torch.zeros_like(got[0]) for _ in range(2)]
+        q = qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, slots, positions, n_head)
+        q_ref = qk_rope_kv_reference(qkv, qs, ks, cos_sin, eps, *want, slots, positions, n_head)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        for name, a, r in (("q", q, q_ref), ("k", got[0], want[0]), ("v", got[1], want[1])):
+            err = ((a.float() - r.float()).norm() / r.float().norm()).item()
+            if not err < tol:
+                return f"{name} differs from the reference by {err:.2e} (relative)"
+        return None
+    except Exception as e:  # a compile failure included: the PyTorch path stays
+        return f"{type(e).__name__}: {e}"
