@@ -2,6 +2,7 @@
 # Everything this project measures on the GPU machine, one part per call (each call of
 # the device tool is limited to 10 minutes). Results go to $OUT (or out/gpu).
 #   bash scripts/gpu_check.sh tests    # GPU tests + compiled kernel tests
+#   bash scripts/gpu_check.sh quick    # GPU tests, engine bench c=1/16/64, fused q/k/v kernel bench (~4 min)
 #   bash scripts/gpu_check.sh engine   # engine benchmark, s2-pro shape, eager vs CUDA graphs
 #   bash scripts/gpu_check.sh load     # WebSocket load sweep c=1,16,64, s2-pro shape
 #   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
@@ -38,6 +39,7 @@ quick)
     timeout 90 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py 2>&1 | tee "$out/gpu_tests.log"
     timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
+    timeout 60 python3 -m latency_bench.qk_rope_bench --out "$out/qk_rope" 2>&1 | tee "$out/qk_rope_bench.log"
     ;;
 fp8)
     timeout 240 python3 -m pytest -q tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py \

@@ -86,3 +86,11 @@ def test_decode_step_with_the_fused_kernel_gives_the_same_frames():
         frames.append(out)
     for a, b in zip(*frames):
         assert (a == b).all()
+
+
+def test_benchmark_script_runs(tmp_path):
+    from latency_bench.qk_rope_bench import main
+
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = __import__("json").loads((tmp_path / "qk_rope_bench.json").read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["fused_us"] > 0 for r in rows)
