@@ -54,6 +54,13 @@ class DecodeMeta:
 @dataclass(frozen=True, slots=True)
 class FastMeta:
     step: int  # 0 = slow hidden state, i = code i-1 (i < num_codebooks)
+    # fused_qkv: rows [B] (0..B-1) and positions [B] (all `step`) for kernels/qk_rope_kv.py
+    rows: Tensor | None = None
+    positions: Tensor | None = None
+
+    @property
+    def fused_qkv(self) -> bool:
+        return self.rows is not None
 
 
 AttentionMeta = PrefillMeta | BatchPrefillMeta | DecodeMeta | FastMeta
@@ -143,4 +150,10 @@ def _fast(q, k, v, k_cache, v_cache, meta: FastMeta) -> Tensor:
     b, step = q.shape[0], meta.step
     k_cache[:b, step] = k[:, 0]
     v_cache[:b, step] = v[:, 0]
+    return fast_cached(q, k_cache, v_cache, meta)
+
+
+def fast_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta) -> Tensor:
+    """Fast-transformer attention over caches that already hold step `meta.step`."""
+    b, step = q.shape[0], meta.step
     return _sdpa(q, k_cache[:b, : step + 1], v_cache[:b, : step + 1], None)

@@ -48,6 +48,7 @@ def sample_frame(
     params: SamplingTensors,
     window: Tensor,
     frame_index: Tensor,
+    fused_qkv: bool = False,
 ) -> Tensor:
     """Sample a frame from the slow head's output. head_logits: [B, num_semantic + 1];
     fast_in: [B, fast_dim]; window: int32 [B, W, C]; frame_index: [B] int64 (noise
@@ -61,9 +62,9 @@ def sample_frame(
     token = torch.where(is_end, c.im_end_id, c.semantic_begin_id + row)
     code = torch.where(is_end, 0, row)  # the end frame's codes are never decoded
     codes = [code]
-    model.fast_step(fast_in, 0, fast)
+    model.fast_step(fast_in, 0, fast, fused_qkv)
     for i in range(1, c.num_codebooks):
-        logits = model.fast_step(model.fast_embeddings(code), i, fast)[:, : c.fast_vocab]
+        logits = model.fast_step(model.fast_embeddings(code), i, fast, fused_qkv)[:, : c.fast_vocab]
         code = sample_codebook(logits, params, window[:, :, i], frame_index, i, gumbel[:, i], penalize)
         codes.append(code)
     return torch.stack([token, *codes], dim=1)
@@ -86,4 +87,4 @@ def decode_frame(
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
     the next frame [B, 1 + C]."""
     head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel, fused_qkv)
-    return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index)
+    return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index, fused_qkv)

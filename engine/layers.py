@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.attention import AttentionMeta, DecodeMeta, attend, decode_cached
+from engine.attention import AttentionMeta, DecodeMeta, FastMeta, attend, decode_cached, fast_cached
 
 
 class RMSNorm(nn.Module):
@@ -140,20 +140,27 @@ class Attention(nn.Module):
         # x: [B, S, D] -> [B, S, D]
         b, s, _ = x.shape
         if isinstance(meta, DecodeMeta) and meta.fused_qkv:
-            y = decode_cached(self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta), k_cache, v_cache, meta)
+            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions)
+            y = decode_cached(q, k_cache, v_cache, meta)
+        elif isinstance(meta, FastMeta) and meta.fused_qkv:
+            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.rows, meta.positions)
+            y = fast_cached(q, k_cache, v_cache, meta)
         else:
             q, k, v = self.qkv(x, cos_sin)
             y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
         return self.wo(y.reshape(b, s, self.n_head * self.head_dim))
 
-    def _qkv_into_cache(self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta) -> Tensor:
-        """What qkv() + the cache write of a decode step do, in one Triton launch
-        (kernels/qk_rope_kv.py). x: [B, 1, D] -> q [B, 1, H, Dh]; k, v land in the caches."""
+    def _qkv_into_cache(
+        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Tensor, positions: Tensor
+    ) -> Tensor:
+        """What qkv() + the cache write of one new position per row do, in one Triton
+        launch (kernels/qk_rope_kv.py). x: [B, 1, D] -> q [B, 1, H, Dh]; k and v land in
+        the caches at (rows[b], positions[b])."""
         from kernels.qk_rope_kv import qk_rope_kv
 
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         q = qk_rope_kv(self.wqkv(x[:, 0]), norm[0], norm[1], cos_sin[:, 0], norm[2],
-                       k_cache, v_cache, meta.slots, meta.positions, self.n_head)
+                       k_cache, v_cache, rows, positions, self.n_head)
         return q[:, None]
 
 

@@ -151,14 +151,19 @@ class DualARModel(nn.Module):
 
     # --- fast transformer --------------------------------------------------------------
 
-    def fast_step(self, x: Tensor, step: int, fast: FastCache) -> Tensor | None:
+    def fast_step(self, x: Tensor, step: int, fast: FastCache, fused_qkv: bool = False) -> Tensor | None:
         """One fast position for B rows. x: [B, fast_dim] (the slow output at step 0,
         the embedding of code step-1 after). Returns logits [B, codebook_size] for
         code `step`, or None at step 0 (code 0 is the slow model's semantic token, so
-        step 0 only fills the fast KV and its logits are never read)."""
+        step 0 only fills the fast KV and its logits are never read). `fused_qkv`: the
+        Triton kernel rotates and caches q/k/v in one launch per layer."""
         h = x[:, None]
-        cos_sin = self.fast_rope[step : step + 1][None].expand(h.shape[0], -1, -1, -1)
-        meta = FastMeta(step)
+        b = h.shape[0]
+        cos_sin = self.fast_rope[step : step + 1][None].expand(b, -1, -1, -1)
+        if fused_qkv:  # two small launches shared by the layers, instead of four each
+            meta = FastMeta(step, torch.arange(b, device=x.device), torch.full((b,), step, device=x.device))
+        else:
+            meta = FastMeta(step)
         for i, layer in enumerate(self.fast_layers):
             h = layer(h, cos_sin, fast.k[i], fast.v[i], meta)
         if step == 0:

@@ -146,15 +146,18 @@ class Runner:
             self._capture_first_frame_graph()
 
     def _fused_qkv_ok(self) -> bool:
-        """On a GPU, decode steps norm, rotate and cache q/k/v in one Triton launch per
-        layer (kernels/qk_rope_kv.py) once that kernel has compiled and matched its
-        reference here at the model's shapes; elsewhere, or if it did not, PyTorch."""
+        """On a GPU, frame steps norm, rotate and cache q/k/v in one Triton launch per
+        layer, slow and fast (kernels/qk_rope_kv.py), once that kernel has compiled and
+        matched its reference here at both transformers' shapes; elsewhere, or if it did
+        not, PyTorch."""
         if not (self.cuda and self.attention_kernel):
             return False
         from kernels.qk_rope_kv import self_check
 
         c = self.config
         why = self_check(self.device, self.dtype, c.n_head, c.n_local_heads, c.head_dim, c.attention_qk_norm, c.norm_eps)
+        why = why or self_check(self.device, self.dtype, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
+                                c.fast_attention_qk_norm, c.norm_eps)
         if why is not None:
             log.warning("fused q/k/v decode kernel off (PyTorch path instead): %s", why)
         return why is None
@@ -237,7 +240,8 @@ class Runner:
             self.windows.index_fill_(0, idx, -1)
             self.frame_index.index_fill_(0, idx, 0)
             frames = sample_frame(
-                self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx]
+                self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx],
+                self.fused_qkv,
             )
             self.tokens.index_copy_(0, idx, frames)
             self.positions.index_copy_(0, idx, start_t + length_t)
@@ -249,7 +253,8 @@ class Runner:
         """Sample the first frame of the stream in row idx ([1]) from the prefill's last
         position; its device state then feeds the decode batch."""
         frame = sample_frame(
-            self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx]
+            self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx],
+            self.fused_qkv,
         )
         self.tokens.index_copy_(0, idx, frame)
         self.first_out.copy_(frame)

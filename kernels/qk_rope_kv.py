@@ -13,7 +13,8 @@ in fp32, rounded once; keys go straight into the cache, values are copied there.
 What it replaces, per slow layer of a decode step (engine/layers.py Attention.qkv +
 engine/attention.py _decode): the strided-input copy, the norm, the scale's concat and
 multiply, RoPE's cast / complex multiply / cast back, and the two cache writes: 9
-launches, 1 here (-288 a step at the s2-pro shape's 36 layers; latency_bench/launch_count).
+launches, 1 here (-288 a step at the s2-pro shape's 36 layers; latency_bench/launch_count);
+in the fast transformer (no QK-norm, its per-frame cache): 5 launches, 1 here.
 
 `qk_rope_kv_reference` is the same function in plain PyTorch, built from the model's own
 code, so the two cannot drift apart unnoticed.
