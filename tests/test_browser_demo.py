@@ -151,8 +151,12 @@ def test_bad_setting_shows_the_server_error(page):
     assert page.get_attribute("#state", "data-state") == "error"
 
 
-def test_stop_talking_cancels_and_silences(page):
-    connect(page, "pcm", 300)  # long enough to still be speaking when stopped
+def test_stop_talking_cancels_and_silences(page, server):
+    # fixed-length turns: the random-weight default model could otherwise end a turn
+    # before the click, and there would be nothing left to cancel
+    page.goto(server.http_url + "/?ignore_end=1")
+    page.wait_for_function("window.demoStats !== undefined")
+    connect(page, "pcm", 300)  # 300 frames: still speaking when stopped
     type_and_speak(page, "This turn goes on and on, until somebody interrupts it.")
     page.wait_for_function("demoStats.chunks >= 3")
     page.click("#stop-talking")

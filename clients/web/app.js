@@ -174,6 +174,9 @@ async function buildRequest(format) {
     max_new_tokens: numberField("max-new-tokens", (s) => Number(s)),
     temperature: numberField("temperature", parseFloat),
   };
+  // `/?ignore_end=1`: fixed-length mode (every turn speaks max_new_tokens frames), for
+  // models with random weights, which otherwise stop at random
+  if (new URLSearchParams(location.search).get("ignore_end") === "1") request.ignore_end = true;
   const voice = $("voice").value;
   if (voice === UPLOAD) request.references = [await referenceFromForm()];
   else if (voice) request.reference_id = voice;
