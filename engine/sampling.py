@@ -140,8 +140,17 @@ def gumbel_noise(seed: Tensor, step: Tensor, draws: Tensor, k: int) -> Tensor:
     kernels once instead of once per draw)."""
     key = _hash32((seed & _MASK32)[:, None] ^ _hash32(step[:, None] * DRAWS_PER_FRAME + draws[None, :]))  # [B, D]
     rank = _hash32(torch.arange(k, device=seed.device))  # [k]
-    u = (_hash32(key[:, :, None] ^ rank[None, None, :]).float() + 0.5) / 4294967296.0  # uniform (0, 1)
-    return -torch.log(-torch.log(u))
+    return -torch.log(-torch.log(uniform_open(_hash32(key[:, :, None] ^ rank[None, None, :]))))
+
+
+def uniform_open(bits: Tensor) -> Tensor:
+    """32 random bits (int64 < 2**32) -> float32 uniform on the open interval (0, 1).
+
+    From the top 23 bits: (n + 0.5) / 2**23 is exact in float32 and at most 1 - 2**-24,
+    the largest float32 below 1. Converting all 32 bits rounds the largest ~128 values up
+    to 2**32, i.e. u = 1.0 and an infinite Gumbel draw (about once per 2**25 candidates:
+    every few minutes of audio), which makes the argmax pick a dropped candidate."""
+    return ((bits >> 9).float() + 0.5) * (1.0 / 8388608.0)
 
 
 def frame_gumbel(params: "SamplingTensors", step: Tensor, num_codebooks: int) -> Tensor:

@@ -73,6 +73,15 @@ def test_frame_noise_is_the_noise_each_draw_would_make_itself():
     assert torch.equal(shared, sample_codebook(logits, params, window, step, 2))
 
 
+def test_uniform_noise_never_reaches_0_or_1():
+    from engine.sampling import uniform_open
+
+    extremes = torch.tensor([0, 1, 255, 2**31, 2**32 - 129, 2**32 - 128, 2**32 - 1])
+    u = uniform_open(extremes)
+    assert (u > 0).all() and (u < 1).all()
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
+
+
 def test_gumbel_noise_is_gumbel_distributed():
     seed = torch.arange(64)
     g = gumbel_noise(seed, torch.zeros(64, dtype=torch.long), torch.arange(8), 128).flatten()
