@@ -9,14 +9,14 @@ import torch
 from engine.sampling import RAS_DRAW, SamplingParams, SamplingTensors, frame_gumbel, gumbel_noise, sample_codebook
 from latency_bench.launch_count import count_launches, launches, step_counts, syncs
 
-# Launches of one s2-pro-structured decode step (eager, PyTorch decode attention): 1,954
-# at batch 1 and 1,990 at batch 64 as of this bound; 3,728 before the norms, RoPE, the
+# Launches of one s2-pro-structured decode step (eager, PyTorch decode attention): 1,955
+# at batch 1 and 1,991 at batch 64 as of this bound; 3,728 before the norms, RoPE, the
 # sampling noise and the MLP's gate/up GEMM were restructured (the H200 profile of that
 # code counted 3,996 kernels, split-K reduces included). The bound leaves room for small
 # changes, not for a return of per-draw noise (~450 launches) or unfused norms (~700).
 S2_PRO_STEP_BUDGET = 2_100
 # The GPU's path (Triton decode attention + the fused q/k/v kernel in the slow and fast
-# layers): 1,382 launches.
+# layers): 1,383 launches.
 S2_PRO_KERNEL_STEP_BUDGET = 1_450
 
 
