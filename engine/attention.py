@@ -54,13 +54,7 @@ class DecodeMeta:
 @dataclass(frozen=True, slots=True)
 class FastMeta:
     step: int  # 0 = slow hidden state, i = code i-1 (i < num_codebooks)
-    # fused_qkv: rows [B] (0..B-1) and positions [B] (all `step`) for kernels/qk_rope_kv.py
-    rows: Tensor | None = None
-    positions: Tensor | None = None
-
-    @property
-    def fused_qkv(self) -> bool:
-        return self.rows is not None
+    fused_qkv: bool = False  # kernels/qk_rope_kv.py writes row b's k/v at `step`
 
 
 AttentionMeta = PrefillMeta | BatchPrefillMeta | DecodeMeta | FastMeta

@@ -83,7 +83,7 @@ def load_bundle(
     if spec == "default":
         spec = str(DEFAULT_FOLDER) if (DEFAULT_FOLDER / "config.json").exists() else "tiny"
     if spec in PRESETS:
-        model, tokenizer, codec = _random_preset(spec, device, dtype, seed)
+        model, tokenizer, codec = random_preset(spec, device, dtype, seed)
     else:
         folder = Path(spec)
         if not folder.is_dir():
@@ -139,12 +139,17 @@ def randomize_(module: nn.Module, seed: int, device: str, dtype: torch.dtype, st
     return module
 
 
-def _random_preset(name: str, device: str, dtype: torch.dtype, seed: int):
-    config = preset(name)
+def random_preset(
+    name: str, device: str, dtype: torch.dtype, seed: int,
+    config: ModelConfig | None = None, codec_name: str | None = None,
+):
+    """(model, tokenizer, codec) of preset `name` with seeded random weights; `config` and
+    `codec_name` override the preset's shapes (benchmarks of its structure at other sizes)."""
+    config = config or preset(name)
     tokenizer = TextTokenizer.tiny() if name == "tiny" else synthetic_tokenizer(config)
     with torch.device("meta"):
         model = DualARModel(config)
-        codec = Codec(codec_preset("tiny" if name == "tiny" else "fish"))
+        codec = Codec(codec_preset(codec_name or ("tiny" if name == "tiny" else "fish")))
     model = randomize_(model, seed, device, dtype).finish_loading().eval()
     codec = randomize_(codec, seed + 1, device, dtype).eval()
     if hasattr(codec, "finish_loading"):

@@ -143,7 +143,7 @@ class Attention(nn.Module):
             q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions)
             y = decode_cached(q, k_cache, v_cache, meta)
         elif isinstance(meta, FastMeta) and meta.fused_qkv:
-            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.rows, meta.positions)
+            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step)
             y = fast_cached(q, k_cache, v_cache, meta)
         else:
             q, k, v = self.qkv(x, cos_sin)
@@ -151,11 +151,12 @@ class Attention(nn.Module):
         return self.wo(y.reshape(b, s, self.n_head * self.head_dim))
 
     def _qkv_into_cache(
-        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Tensor, positions: Tensor
+        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Tensor | None,
+        positions: Tensor | int,
     ) -> Tensor:
         """What qkv() + the cache write of one new position per row do, in one Triton
         launch (kernels/qk_rope_kv.py). x: [B, 1, D] -> q [B, 1, H, Dh]; k and v land in
-        the caches at (rows[b], positions[b])."""
+        the caches at (rows[b], positions[b]), or with rows None at (b, positions)."""
         from kernels.qk_rope_kv import qk_rope_kv
 
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)

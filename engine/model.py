@@ -158,12 +158,8 @@ class DualARModel(nn.Module):
         step 0 only fills the fast KV and its logits are never read). `fused_qkv`: the
         Triton kernel rotates and caches q/k/v in one launch per layer."""
         h = x[:, None]
-        b = h.shape[0]
-        cos_sin = self.fast_rope[step : step + 1][None].expand(b, -1, -1, -1)
-        if fused_qkv:  # two small launches shared by the layers, instead of four each
-            meta = FastMeta(step, torch.arange(b, device=x.device), torch.full((b,), step, device=x.device))
-        else:
-            meta = FastMeta(step)
+        cos_sin = self.fast_rope[step : step + 1][None].expand(h.shape[0], -1, -1, -1)
+        meta = FastMeta(step, fused_qkv)
         for i, layer in enumerate(self.fast_layers):
             h = layer(h, cos_sin, fast.k[i], fast.v[i], meta)
         if step == 0:

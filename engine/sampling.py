@@ -153,7 +153,7 @@ def uniform_open(bits: Tensor) -> Tensor:
     return ((bits >> 9).float() + 0.5) * (1.0 / 8388608.0)
 
 
-def frame_gumbel(params: "SamplingTensors", step: Tensor, num_codebooks: int) -> Tensor:
+def frame_gumbel(params: SamplingTensors, step: Tensor, num_codebooks: int) -> Tensor:
     """All the noise of one frame's draws, made once before it: [B, C + 1, MAX_TOP_K];
     rows 0..C-1 for the semantic token and the residual codes, row C for the RAS redraw
     (noise slot RAS_DRAW). Built on the device alone (CUDA-graph safe)."""

@@ -16,8 +16,9 @@ multiply, RoPE's cast / complex multiply / cast back, and the two cache writes: 
 launches, 1 here (-288 a step at the s2-pro shape's 36 layers; latency_bench/launch_count);
 in the fast transformer (no QK-norm, its per-frame cache): 5 launches, 1 here.
 
-`qk_rope_kv_reference` is the same function in plain PyTorch, built from the model's own
-code, so the two cannot drift apart unnoticed.
+`qk_rope_kv_reference` is the same function in plain PyTorch (kernels import nothing of
+engine); tests/test_kernel_qk_rope_kv.py also checks the model's decode step with the
+kernel against the model's own PyTorch path.
 """
 
 from __future__ import annotations
@@ -33,15 +34,19 @@ def _qk_rope_kv_kernel(
     qkv_ptr, qs_ptr, ks_ptr, rope_ptr, slot_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
     stride_xb, stride_rb, stride_qb, stride_qh,
     stride_kr, stride_kl, stride_kk, stride_vr, stride_vl, stride_vk,
-    eps,
-    H: tl.constexpr, KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
+    eps, step,
+    H: tl.constexpr, KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr, PER_ROW: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)  # 0..H-1 queries, H..H+KV-1 keys, then KV values
     i = tl.arange(0, HALF)
     src = qkv_ptr + b * stride_xb + head * (2 * HALF)
-    slot = tl.load(slot_ptr + b)
-    pos = tl.load(pos_ptr + b)
+    if PER_ROW:  # decode: each stream's KV row and position
+        slot = tl.load(slot_ptr + b)
+        pos = tl.load(pos_ptr + b)
+    else:  # the fast transformer: row b, position `step` for all
+        slot = b
+        pos = step
     even = tl.load(src + 2 * i)
     odd = tl.load(src + 2 * i + 1)
     if head >= H + KV:  # a value head: copied as it is
@@ -75,7 +80,8 @@ def _qk_rope_kv_kernel(
         tl.store(dst + 2 * i + 1, yo)
 
 
-def _check(qkv, cos_sin, k_cache, v_cache, slots, positions, n_head):
+def _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head) -> tuple[int, int, int]:
+    """The layouts both implementations take; returns (B, K, Dh)."""
     b = qkv.shape[0]
     rows, length, kv, dh = k_cache.shape
     if qkv.ndim != 2 or qkv.shape[1] != (n_head + 2 * kv) * dh or qkv.stride(1) != 1:
@@ -88,54 +94,58 @@ def _check(qkv, cos_sin, k_cache, v_cache, slots, positions, n_head):
     if tuple(cos_sin.shape) != (b, dh // 2, 2) or cos_sin.dtype != torch.float32 or not cos_sin[0].is_contiguous():
         raise ValueError(f"cos_sin must be fp32 [B, Dh/2, 2] = [{b}, {dh // 2}, 2], rows contiguous, "
                          f"got {cos_sin.dtype} {list(cos_sin.shape)}")
-    if slots.shape != (b,) or positions.shape != (b,) or slots.dtype != torch.int64 or positions.dtype != torch.int64:
+    if slots is None:
+        if not isinstance(positions, int) or not 0 <= positions < length or b > rows:
+            raise ValueError(f"without slots, rows 0..B-1 are written at one int position in [0, {length})")
+    elif slots.shape != (b,) or positions.shape != (b,) or slots.dtype != torch.int64 or positions.dtype != torch.int64:
         raise ValueError("slots and positions must be int64 [batch]")
     if qkv.dtype != k_cache.dtype:
         raise ValueError(f"qkv ({qkv.dtype}) and the caches ({k_cache.dtype}) must share a dtype")
+    if (q_scale is None) != (k_scale is None) or (q_scale is not None and (q_scale.shape != (dh,) or k_scale.shape != (dh,))):
+        raise ValueError(f"q_scale and k_scale must both be [{dh}], or both None")
+    return b, kv, dh
 
 
 def qk_rope_kv(
     qkv: Tensor, q_scale: Tensor | None, k_scale: Tensor | None, cos_sin: Tensor, eps: float,
-    k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor, n_head: int,
+    k_cache: Tensor, v_cache: Tensor, slots: Tensor | None, positions: Tensor | int, n_head: int,
 ) -> Tensor:
-    """See the module docstring. q_scale / k_scale None: no QK-norm. Returns q [B, H, Dh]."""
-    _check(qkv, cos_sin, k_cache, v_cache, slots, positions, n_head)
-    b = qkv.shape[0]
-    kv, dh = k_cache.shape[2], k_cache.shape[3]
-    qk_norm = q_scale is not None
-    if qk_norm and (q_scale.shape != (dh,) or k_scale is None or k_scale.shape != (dh,)):
-        raise ValueError(f"q_scale and k_scale must both be [{dh}]")
+    """See the module docstring. q_scale / k_scale None: no QK-norm. slots None: rows
+    0..B-1 of the caches, all at the int position `positions` (the fast transformer's
+    per-frame cache). Returns q [B, H, Dh]."""
+    b, kv, dh = _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head)
     q = torch.empty(b, n_head, dh, device=qkv.device, dtype=qkv.dtype)
-    scales = (q_scale, k_scale) if qk_norm else (qkv, qkv)  # unread without QK-norm
+    per_row = slots is not None
     _qk_rope_kv_kernel[(b, n_head + 2 * kv)](
-        qkv, scales[0], scales[1], cos_sin, slots, positions, q, k_cache, v_cache,
+        qkv, q_scale if q_scale is not None else qkv, k_scale if k_scale is not None else qkv,  # unread without QK-norm
+        cos_sin, slots if per_row else qkv, positions if per_row else qkv, q, k_cache, v_cache,  # unread without rows
         qkv.stride(0), cos_sin.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        eps, H=n_head, KV=kv, HALF=dh // 2, QK_NORM=qk_norm,
+        eps, 0 if per_row else positions,
+        H=n_head, KV=kv, HALF=dh // 2, QK_NORM=q_scale is not None, PER_ROW=per_row,
     )
     return q
 
 
 def qk_rope_kv_reference(
     qkv: Tensor, q_scale: Tensor | None, k_scale: Tensor | None, cos_sin: Tensor, eps: float,
-    k_cache: Tensor, v_cache: Tensor, slots: Tensor, positions: Tensor, n_head: int,
+    k_cache: Tensor, v_cache: Tensor, slots: Tensor | None, positions: Tensor | int, n_head: int,
 ) -> Tensor:
-    """The same function in plain PyTorch (the model's eager decode path)."""
-    from engine.layers import apply_rope
-
-    _check(qkv, cos_sin, k_cache, v_cache, slots, positions, n_head)
-    b = qkv.shape[0]
-    rows, length, kv, dh = k_cache.shape
-    qk = qkv[:, : (n_head + kv) * dh].view(b, 1, n_head + kv, dh)
-    v = qkv[:, (n_head + kv) * dh :].view(b, kv, dh)
+    """The same function in plain PyTorch, with the same roundings (fp32 math, the model
+    dtype after the norm, after the scale and after the rotation)."""
+    b, kv, dh = _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head)
+    qk = qkv[:, : (n_head + kv) * dh].view(b, n_head + kv, dh)
     if q_scale is not None:
         scale = torch.cat([q_scale.expand(n_head, dh), k_scale.expand(kv, dh)])
-        qk = torch.nn.functional.rms_norm(qk, (dh,), eps=eps) * scale.to(qk.dtype)
-    qk = apply_rope(qk, cos_sin[:, None])[:, 0]
-    flat = slots * length + positions
-    k_cache.view(rows * length, kv, dh).index_copy_(0, flat, qk[:, n_head:])
-    v_cache.view(rows * length, kv, dh).index_copy_(0, flat, v)
+        qk = torch.nn.functional.rms_norm(qk.float(), (dh,), eps=eps).to(qk.dtype) * scale
+    even, odd = qk.float()[..., 0::2], qk.float()[..., 1::2]  # [B, H + K, Dh/2]
+    cos, sin = cos_sin[:, None, :, 0], cos_sin[:, None, :, 1]
+    qk = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2).to(qkv.dtype)
+    rows = slots if slots is not None else torch.arange(b, device=qkv.device)
+    at = positions if slots is not None else torch.full((b,), positions, device=qkv.device)
+    k_cache[rows, at] = qk[:, n_head:]
+    v_cache[rows, at] = qkv[:, (n_head + kv) * dh :].view(b, kv, dh)
     return qk[:, :n_head].contiguous()
 
 
@@ -153,15 +163,16 @@ def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_h
         angles = torch.rand(b, head_dim // 2, generator=g) * 6.28
         cos_sin = torch.stack([angles.cos(), angles.sin()], dim=-1).to(device)
         slots, positions = torch.tensor([2, 0, 3], device=device), torch.tensor([5, 0, 15], device=device)
-        got = [torch.zeros(rows, length, kv_heads, head_dim, device=device, dtype=dtype) for _ in range(2)]
-        want = [torch.zeros_like(got[0]) for _ in range(2)]
-        q = qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, slots, positions, n_head)
-        q_ref = qk_rope_kv_reference(qkv, qs, ks, cos_sin, eps, *want, slots, positions, n_head)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
-        for name, a, r in (("q", q, q_ref), ("k", got[0], want[0]), ("v", got[1], want[1])):
-            err = ((a.float() - r.float()).norm() / r.float().norm()).item()
-            if not err < tol:
-                return f"{name} differs from the reference by {err:.2e} (relative)"
+        for where in ((slots, positions), (None, 7)):  # decode's addressing, the fast transformer's
+            got = [torch.zeros(rows, length, kv_heads, head_dim, device=device, dtype=dtype) for _ in range(2)]
+            want = [torch.zeros_like(got[0]) for _ in range(2)]
+            q = qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, *where, n_head)
+            q_ref = qk_rope_kv_reference(qkv, qs, ks, cos_sin, eps, *want, *where, n_head)
+            for name, a, r in (("q", q, q_ref), ("k", got[0], want[0]), ("v", got[1], want[1])):
+                err = ((a.float() - r.float()).norm() / r.float().norm()).item()
+                if not err < tol:
+                    return f"{name} differs from the reference by {err:.2e} (relative, slots={where[0] is not None})"
         return None
     except Exception as e:  # a compile failure included: the PyTorch path stays
         return f"{type(e).__name__}: {e}"

@@ -274,17 +274,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def bench_device(smoke: bool, name: str) -> torch.device | None:
+    """The GPU, or with --smoke the CPU under the Triton interpreter (set before anything
+    imports triton); None (after saying why) when neither applies."""
+    if torch.cuda.is_available() and not smoke:
+        return torch.device("cuda")
+    if not smoke:
+        print(f"{name} needs a CUDA device (or --smoke for a CPU check of the script)", file=sys.stderr)
+        return None
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    cuda = torch.cuda.is_available() and not a.smoke
-    if not cuda:
-        if not a.smoke:
-            print("kernel_bench needs a CUDA device (or --smoke for a CPU check of the script)", file=sys.stderr)
-            return 2
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+    device = bench_device(a.smoke, "kernel_bench")
+    if device is None:
+        return 2
+    cuda = device.type == "cuda"
     import triton
 
-    device = torch.device("cuda" if cuda else "cpu")
     timer = Timer(device, a.replays)
     shapes = SMOKE_SHAPES if a.smoke else SHAPES
     if a.shapes:

@@ -34,11 +34,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.bundle import ModelBundle, synthetic_tokenizer
+from engine.bundle import ModelBundle, random_preset
 from engine.config import ModelConfig, preset
-from engine.model import DualARModel
 from engine.prompt import PromptBuilder
-from engine.tokenizer import TextTokenizer
 
 SYNC_OPS = {"aten._local_scalar_dense.default", "aten.item.default"}
 # Not views by their schema, but no kernel on CUDA either: a reshape of a contiguous
@@ -113,17 +111,9 @@ def narrow(config: ModelConfig, width: int = 64) -> ModelConfig:
 
 
 def narrow_bundle(name: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> ModelBundle:
-    from engine.bundle import randomize_
-    from engine.codec.config import codec_preset
-    from engine.codec.model import Codec
-
     config = narrow(preset(name))
-    tokenizer = TextTokenizer.tiny() if name == "tiny" else synthetic_tokenizer(config)
-    with torch.device("meta"):
-        model = DualARModel(config)
-        codec = Codec(codec_preset("tiny"))  # never used by a decode step
-    model = randomize_(model, seed, "cpu", dtype).finish_loading().eval()
-    codec = randomize_(codec, seed + 1, "cpu", torch.float32).eval()
+    # the tiny codec: a decode step never touches it
+    model, tokenizer, codec = random_preset(name, "cpu", dtype, seed, config=config, codec_name="tiny")
     return ModelBundle(name=f"{name}-narrow", model=model, tokenizer=tokenizer, codec=codec,
                        prompts=PromptBuilder(tokenizer, config), load_seconds=0.0)
 

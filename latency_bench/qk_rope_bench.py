@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+from latency_bench.kernel_bench import Timer, bench_device
 
 LAYERS = 36
 HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN = 32, 8, 128, 1536
@@ -52,15 +53,10 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, small shapes: checks the script")
     p.add_argument("--out", default="out/qk_rope_bench")
     a = p.parse_args(argv)
-    cuda = torch.cuda.is_available() and not a.smoke
-    if not cuda:
-        if not a.smoke:
-            print("qk_rope_bench needs a CUDA device (or --smoke for a CPU check of the script)", file=sys.stderr)
-            return 2
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
-    from latency_bench.kernel_bench import Timer
-
-    device = torch.device("cuda" if cuda else "cpu")
+    device = bench_device(a.smoke, "qk_rope_bench")
+    if device is None:
+        return 2
+    cuda = device.type == "cuda"
     dims = (HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN) if cuda else (4, 2, 16, 32)
     batches = [1, 3] if a.smoke else [int(x) for x in a.batch.split(",")]
     rows = [bench(Timer(device), b, device, dims) for b in batches]

@@ -52,6 +52,20 @@ def test_matches_reference(b, h, kv, dh, qk_norm, dtype):
     assert (k1[~written] == 0).all() and (v1[~written] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_at_one_position_match_reference(dtype):
+    """The fast transformer's addressing: row b of the cache, all at one position."""
+    qkv, _, cos_sin, _, _, (k1, v1, k2, v2) = case(4, 4, 2, 16, False, dtype)
+    q = qk_rope_kv(qkv, None, None, cos_sin, 1e-6, k1, v1, None, 3, 4)
+    q_ref = qk_rope_kv_reference(qkv, None, None, cos_sin, 1e-6, k2, v2, None, 3, 4)
+    assert rel(q, q_ref) < TOL[dtype] and rel(k1, k2) < TOL[dtype] and torch.equal(v1, v2)
+    written = torch.zeros(k1.shape[:2], dtype=torch.bool, device=DEVICE)
+    written[:4, 3] = True
+    assert (k1[~written] == 0).all() and (v1[~written] != 0).any(dim=-1).sum() == 0
+    with pytest.raises(ValueError, match="one int position"):
+        qk_rope_kv(qkv, None, None, cos_sin, 1e-6, k1, v1, None, 99, 4)
+
+
 def test_shapes_and_dtypes_are_checked():
     qkv, (qs, ks), cos_sin, slots, positions, (k1, v1, _, _) = case(2, 4, 2, 16, True, torch.float32)
     with pytest.raises(ValueError, match="qkv must be"):

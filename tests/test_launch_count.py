@@ -16,7 +16,7 @@ from latency_bench.launch_count import count_launches, launches, step_counts, sy
 # changes, not for a return of per-draw noise (~450 launches) or unfused norms (~700).
 S2_PRO_STEP_BUDGET = 2_100
 # The GPU's path (Triton decode attention + the fused q/k/v kernel in the slow and fast
-# layers): 1,383 launches.
+# layers): 1,363 launches.
 S2_PRO_KERNEL_STEP_BUDGET = 1_450
 
 
