@@ -38,6 +38,10 @@ class BatchPrefillMeta:
     lengths: Tensor  # [B] int64 real (unpadded) new tokens per stream
     kv_len: int  # attend over positions [0, kv_len); >= every start + length
     scratch_row: int  # padded positions write here
+    # the Triton decode-attention kernel, one query position per program row: each
+    # query reads its own row up to its own position, so nothing depends on the host's
+    # lengths and the whole prefill can be captured in a CUDA graph (engine/runner.py)
+    kernel: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,16 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
     flat = torch.where(valid, meta.slots[:, None] * length + pos, meta.scratch_row * length).flatten()
     k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, k.flatten(0, 1))
     v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, v.flatten(0, 1))
+    if meta.kernel:
+        from kernels.decode_attention import decode_attention
+
+        # query (b, j) is a decode query of row slots[b] with length pos + 1: it sees the
+        # keys up to its own position, this segment's included (written just above).
+        # Padded queries read position 0 of the scratch row (written above too).
+        q_rows = torch.where(valid, meta.slots[:, None], meta.scratch_row).flatten()
+        q_lengths = torch.where(valid, pos + 1, 1).flatten()
+        out = decode_attention(q.flatten(0, 1), k_cache, v_cache, q_rows, q_lengths, max_length=meta.kv_len)
+        return out.view(q.shape)
     keys = k_cache[meta.slots, : meta.kv_len]  # [B, kv_len, K, Dh]
     values = v_cache[meta.slots, : meta.kv_len]
     key_pos = torch.arange(meta.kv_len, device=q.device)

@@ -118,16 +118,19 @@ class DualARModel(nn.Module):
         return self._head(x[:, -1])
 
     def prefill_batch(
-        self, tokens: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor, kv_len: int, kv: KVCache
+        self, tokens: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor, kv_len: int, kv: KVCache,
+        kernel: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Append a segment to each of B streams at once. tokens: [B, 1 + C, S], right-padded;
-        slots, starts, lengths: [B] int64 (device). Returns the head logits and fast input
-        at each stream's last real position: [B, num_semantic + 1], [B, fast_dim]."""
+        slots, starts, lengths: [B] int64 (device; a row of length 0 writes only to the
+        scratch row). Returns the head logits and fast input at each stream's last real
+        position: [B, num_semantic + 1], [B, fast_dim]. `kernel`: attention through the
+        Triton decode-attention kernel (no host-dependent shapes: CUDA-graph safe)."""
         b, s = tokens.shape[0], tokens.shape[-1]
         positions = (starts[:, None] + torch.arange(s, device=tokens.device)[None, :]).clamp(max=self.config.max_seq_len - 1)
-        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row)
+        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row, kernel)
         x = self._slow(self.embed(tokens), positions, kv, meta)
-        return self._head(x[torch.arange(b, device=x.device), lengths - 1])
+        return self._head(x[torch.arange(b, device=x.device), (lengths - 1).clamp(min=0)])
 
     def decode_slow(
         self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False,

@@ -42,9 +42,16 @@ from engine.sampling import SamplingParams, SamplingTensors
 log = logging.getLogger("engine")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-# Segments prefilled together at most: one prefill launches ~1,000 kernels whatever its
-# batch, so when many streams flush at once they share those launches.
+# Segments prefilled together at most: when many streams flush at once they share one
+# prefill's launches (eager: ~1,000; on a GPU: two graph replays).
 MAX_PREFILL_BATCH = 16
+# Graph-captured prefill (GPU): batches of 1..16 streams, chunks of up to 256 positions
+# per stream, at most PREFILL_CHUNK_TOKENS positions per chunk over the batch (bounds
+# the graphs' memory); a longer prefill is several chunks, each attending to the ones
+# before through the KV cache.
+PREFILL_BATCHES = (1, 2, 4, 8, 16)
+PREFILL_LENGTHS = (16, 32, 64, 128, 256)
+PREFILL_CHUNK_TOKENS = 2048
 
 
 def fuse_feed_forwards_(model) -> None:
@@ -65,6 +72,32 @@ class StepHandle:
     parity: int
     batch: int
     event: object | None  # torch.cuda.Event, None on the CPU
+
+
+@dataclass(slots=True)
+class _ChunkGraph:
+    """The slow transformer over one prefill chunk of B rows x T positions; it leaves
+    each row's head logits and fast input in its batch's _FirstFrameGraph inputs."""
+
+    graph: object  # torch.cuda.CUDAGraph
+    tokens: Tensor  # static inputs: long [B, 1 + C, T]
+    slots: Tensor  # long [B]
+    starts: Tensor  # long [B]
+    lengths: Tensor  # long [B] (0 for padding rows: they write to the scratch row only)
+
+
+@dataclass(slots=True)
+class _FirstFrameGraph:
+    """The first frame of B segments: reset their window and noise counter, sample (the
+    fast transformer's ten steps and eleven draws), set their decode state."""
+
+    graph: object
+    slots: Tensor  # static inputs: long [B]
+    ends: Tensor  # long [B]: each segment's end position (its first decode position)
+    head: Tensor  # [B, num_semantic + 1] (written by the chunk graph)
+    fast_in: Tensor  # [B, fast_dim]
+    params: SamplingTensors  # [B]
+    out: Tensor  # static output: long [B, 1 + C]
 
 
 @dataclass(slots=True)
@@ -89,6 +122,7 @@ class Runner:
         cuda_graphs: bool | None = None,
         attention_kernel: bool | None = None,
         fused_qkv: bool | None = None,
+        chunked_prefill: bool | None = None,
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -134,16 +168,24 @@ class Runner:
             self.decode_stream = torch.cuda.Stream(dev)
             self.prefill_stream = torch.cuda.Stream(dev)
         self._prefill_lock = threading.Lock()  # one prefill at a time (prefill thread + tools)
-        # the first frame of a segment (prefill thread): static inputs for its graph
-        self.first_slot = torch.zeros(1, dtype=torch.long, device=dev)
-        self.first_head = torch.zeros(1, c.num_semantic + 1, dtype=self.dtype, device=dev)
-        self.first_fast_in = torch.zeros(1, c.fast_dim, dtype=self.dtype, device=dev)
-        self.first_out = torch.zeros(1, 1 + c.num_codebooks, dtype=torch.long, device=dev)
-        self.first_frame_graph = None
+        # chunked prefill: fixed (batch, length) chunk shapes, attention through the Triton
+        # kernel, each chunk and each batch's first frame one CUDA graph on a GPU with
+        # graphs (the same code runs eagerly without them, e.g. on a CPU under the
+        # Triton interpreter, for tests)
+        self.chunked_prefill = self.cuda_graphs and self.attention_kernel if chunked_prefill is None else chunked_prefill
+        if self.chunked_prefill and not self.attention_kernel:
+            raise ValueError("chunked prefill attends through the Triton kernel (attention_kernel=True)")
+        wanted = min(max_running, MAX_PREFILL_BATCH)
+        self.prefill_batches = [b for b in PREFILL_BATCHES if b < wanted] + [next(b for b in PREFILL_BATCHES if b >= wanted)]
+        self.chunk_graphs: dict[tuple[int, int], _ChunkGraph] = {}
+        self.first_graphs: dict[int, _FirstFrameGraph] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if self.cuda_graphs:
             self._capture_graphs()
-            self._capture_first_frame_graph()
+        if self.chunked_prefill:
+            self._allocate_prefill_chunks()
+            if self.cuda_graphs:
+                self._capture_prefill_graphs()
 
     def _fused_qkv_ok(self) -> bool:
         """On a GPU, frame steps norm, rotate and cache q/k/v in one Triton launch per
@@ -174,7 +216,10 @@ class Runner:
         length = tokens.shape[1]
         self._check_room(0, length)
         with self._prefill_lock, self._on_prefill_stream():
-            self.model.prefill(tokens.to(self.device, non_blocking=True), slot, 0, self.kv)
+            if self.chunked_prefill:
+                self._prefill_chunks([(slot, 0, tokens)])
+            else:
+                self.model.prefill(tokens.to(self.device, non_blocking=True), slot, 0, self.kv)
             prefix = PrefixKV(self.kv.k[:, slot, :length].clone(), self.kv.v[:, slot, :length].clone(), length)
             self._sync_prefill()
         return prefix
@@ -187,91 +232,188 @@ class Runner:
             self.kv.v[:, slot, : prefix.length].copy_(prefix.v, non_blocking=True)
             self._sync_prefill()
 
-    @torch.inference_mode()
     def prefill_segment(self, slot: int, start: int, tokens: Tensor, params: SamplingParams) -> np.ndarray:
         """Prefill a segment's tokens ([1 + C, T]) at `start` and sample its first frame.
         Sets the slot's device state so that the decode batch can pick it up. Returns
         the first frame [1 + C] on the host."""
-        self._check_room(start, tokens.shape[1])
-        sl = slice(slot, slot + 1)
-        with self._prefill_lock, self._on_prefill_stream():
-            head, fast_in = self.model.prefill(tokens.to(self.device, non_blocking=True), slot, start, self.kv)
-            self.params.set_row(slot, params)
-            self.windows[sl] = -1
-            self.frame_index[sl] = 0
-            if self.first_frame_graph is not None:  # the fast transformer + sampling: one replay
-                self.first_head.copy_(head)
-                self.first_fast_in.copy_(fast_in)
-                self.first_slot.fill_(slot)
-                self.first_frame_graph.replay()
-            else:
-                self._first_frame(self.first_slot.fill_(slot), head, fast_in)
-            self.positions[sl] = start + tokens.shape[1]
-            self.frame_index[sl] = 1
-            host = self.first_out[0].to("cpu", copy=True)  # waits for this prefill only; a copy, also on a CPU
-        return host.numpy()
+        return self.prefill_segments([(slot, start, tokens, params)])[0]
 
     @torch.inference_mode()
     def prefill_segments(self, items: list[tuple[int, int, Tensor, SamplingParams]]) -> list[np.ndarray]:
         """Prefill several streams' segments together: items are (slot, start, tokens
-        [1 + C, T], params). Same results as prefill_segment on each, one batch of work."""
-        if len(items) == 1:
-            return [self.prefill_segment(*items[0])]
-        if len(items) > MAX_PREFILL_BATCH:
-            raise ValueError(f"at most {MAX_PREFILL_BATCH} segments per batched prefill")
+        [1 + C, T], params). Each gets what it would get alone; returns each one's first
+        frame [1 + C] on the host (waiting for this prefill only)."""
+        if not 1 <= len(items) <= MAX_PREFILL_BATCH:
+            raise ValueError(f"1 to {MAX_PREFILL_BATCH} segments per batched prefill, got {len(items)}")
         for slot, start, tokens, _ in items:
             self._check_room(start, tokens.shape[1])
-        c = self.config
-        s = max(t.shape[1] for _, _, t, _ in items)
-        batch = torch.zeros(len(items), 1 + c.num_codebooks, s, dtype=torch.long)
-        for row, (_, _, tokens, _) in enumerate(items):
-            batch[row, :, : tokens.shape[1]] = tokens
+        if self.chunked_prefill:
+            return self._chunked_segments(items)
+        return self._eager_segments(items)
+
+    # eager prefill (CPU, or graphs off)
+
+    def _eager_segments(self, items) -> list[np.ndarray]:
+        c, dev = self.config, self.device
         slots = [slot for slot, _, _, _ in items]
-        starts = [start for _, start, _, _ in items]
-        lengths = [t.shape[1] for _, _, t, _ in items]
-        kv_len = max(a + n for a, n in zip(starts, lengths))
-        dev = self.device
+        ends = [start + t.shape[1] for _, start, t, _ in items]
         with self._prefill_lock, self._on_prefill_stream():
-            idx = torch.tensor(slots, device=dev)
-            start_t, length_t = torch.tensor(starts, device=dev), torch.tensor(lengths, device=dev)
-            head, fast_in = self.model.prefill_batch(batch.to(dev), idx, start_t, length_t, kv_len, self.kv)
-            for (slot, _, _, params) in items:
+            if len(items) == 1:
+                slot, start, tokens, _ = items[0]
+                head, fast_in = self.model.prefill(tokens.to(dev, non_blocking=True), slot, start, self.kv)
+            else:
+                s = max(t.shape[1] for _, _, t, _ in items)
+                batch = torch.zeros(len(items), 1 + c.num_codebooks, s, dtype=torch.long)
+                for row, (_, _, tokens, _) in enumerate(items):
+                    batch[row, :, : tokens.shape[1]] = tokens
+                starts = torch.tensor([start for _, start, _, _ in items], device=dev)
+                lengths = torch.tensor([t.shape[1] for _, _, t, _ in items], device=dev)
+                head, fast_in = self.model.prefill_batch(
+                    batch.to(dev), torch.tensor(slots, device=dev), starts, lengths, max(ends), self.kv
+                )
+            for slot, _, _, params in items:
                 self.params.set_row(slot, params)
-            self.windows.index_fill_(0, idx, -1)
-            self.frame_index.index_fill_(0, idx, 0)
-            frames = sample_frame(
-                self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx],
-                self.fused_qkv,
-            )
-            self.tokens.index_copy_(0, idx, frames)
-            self.positions.index_copy_(0, idx, start_t + length_t)
-            self.frame_index.index_fill_(0, idx, 1)
-            host = frames.to("cpu", copy=True)
+            frames = self._first_frames(torch.tensor(slots, device=dev), torch.tensor(ends, device=dev), head, fast_in)
+            host = frames.to("cpu", copy=True)  # waits for this prefill only; a copy, also on a CPU
         return list(host.numpy())
 
-    def _first_frame(self, idx: Tensor, head: Tensor, fast_in: Tensor) -> None:
-        """Sample the first frame of the stream in row idx ([1]) from the prefill's last
-        position; its device state then feeds the decode batch."""
-        frame = sample_frame(
+    def _first_frames(self, idx: Tensor, ends: Tensor, head: Tensor, fast_in: Tensor) -> Tensor:
+        """Sample the first frame of the segments in rows idx ([B]) from the prefill's last
+        positions and set their decode state (window emptied, noise counter, next input,
+        position `ends`); returns the frames [B, 1 + C]. Rows' sampling settings must be
+        in place."""
+        self.windows.index_fill_(0, idx, -1)
+        self.frame_index.index_fill_(0, idx, 0)
+        frames = sample_frame(
             self.model, self.prefill_fast, head, fast_in, self.params.gather(idx), self.windows[idx], self.frame_index[idx],
             self.fused_qkv,
         )
-        self.tokens.index_copy_(0, idx, frame)
-        self.first_out.copy_(frame)
+        self.tokens.index_copy_(0, idx, frames)
+        self.positions.index_copy_(0, idx, ends)
+        self.frame_index.index_fill_(0, idx, 1)
+        return frames
 
-    def _capture_first_frame_graph(self) -> None:
-        """The first frame's sampling (the fast transformer's ten steps and eleven draws,
-        ~1,000 small kernels) as one graph on the prefill stream, in its own memory pool:
-        it may run while a decode graph runs."""
-        with torch.inference_mode(), torch.cuda.stream(self.prefill_stream):
-            self.first_slot.fill_(self.scratch_row)
-            for _ in range(2):
-                self._first_frame(self.first_slot, self.first_head, self.first_fast_in)
+    # chunked prefill (graph-captured on a GPU: a prefill is two replays)
+
+    def _chunked_segments(self, items) -> list[np.ndarray]:
+        n = len(items)
+        longest = max(t.shape[1] for _, _, t, _ in items)
+        batch = self._prefill_batch_for(n)
+        if n > 1 and (longest > PREFILL_LENGTHS[-1] or batch * self._prefill_length_for(longest) > PREFILL_CHUNK_TOKENS):
+            half = n // 2  # too long to share one chunk: halves (a long segment ends up alone)
+            return self._chunked_segments(items[:half]) + self._chunked_segments(items[half:])
+        f = self.first_graphs[batch]
+        pad = batch - n
+        index = torch.tensor([s for s, _, _, _ in items] + [self.scratch_row] * pad +
+                             [a + t.shape[1] for _, a, t, _ in items] + [0] * pad, dtype=torch.long)
+        params = SamplingTensors.from_params([p for *_, p in items] + [SamplingParams()] * pad, "cpu")
+        if self.cuda:  # pinned copies: the caching host allocator keeps each buffer until its copy is done
+            index, params = index.pin_memory(), params.pin_memory()
+        with self._prefill_lock, self._on_prefill_stream():
+            self._prefill_chunks([(s, a, t) for s, a, t, _ in items])  # leaves the heads in f's inputs
+            f.slots.copy_(index[:batch], non_blocking=True)
+            f.ends.copy_(index[batch:], non_blocking=True)
+            f.params.copy_(params, non_blocking=True)
+            if f.graph is not None:
+                f.graph.replay()
+            else:
+                self._first_body(f)
+            host = f.out[:n].to("cpu", copy=True)
+        return list(host.numpy())
+
+    def _prefill_chunks(self, rows: list[tuple[int, int, Tensor]]) -> None:
+        """Slow-transformer prefill of (slot, start, tokens [1 + C, L]) rows through the
+        chunk graphs; each row's last head logits and fast input land in the first-frame
+        graph of the batch's bucket. Several rows share one chunk (L <= 256 each); one row
+        may take several (caller holds the prefill lock, on the prefill stream)."""
+        batch = self._prefill_batch_for(len(rows))
+        lengths = [t.shape[1] for _, _, t in rows]
+        step = PREFILL_LENGTHS[-1]
+        if len(rows) > 1 and max(lengths) > step:
+            raise ValueError("rows longer than one chunk are prefilled alone")
+        for offset in range(0, max(lengths), step):
+            take = [max(0, min(n - offset, step)) for n in lengths]
+            g = self.chunk_graphs[(batch, self._prefill_length_for(max(take)))]
+            tokens = torch.zeros(g.tokens.shape, dtype=torch.long)
+            for row, (_, _, t) in enumerate(rows):
+                tokens[row, :, : take[row]] = t[:, offset : offset + take[row]]
+            meta = torch.tensor(
+                [[s for s, _, _ in rows] + [self.scratch_row] * (batch - len(rows)),
+                 [a + offset for _, a, _ in rows] + [0] * (batch - len(rows)),
+                 take + [0] * (batch - len(rows))], dtype=torch.long)
+            if self.cuda:
+                tokens, meta = tokens.pin_memory(), meta.pin_memory()
+            g.tokens.copy_(tokens, non_blocking=True)
+            g.slots.copy_(meta[0], non_blocking=True)
+            g.starts.copy_(meta[1], non_blocking=True)
+            g.lengths.copy_(meta[2], non_blocking=True)
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                self._chunk_body(g, self.first_graphs[batch])
+
+    def _prefill_batch_for(self, n: int) -> int:
+        return next(b for b in self.prefill_batches if b >= n)
+
+    @staticmethod
+    def _prefill_length_for(n: int) -> int:
+        return next(t for t in PREFILL_LENGTHS if t >= n)
+
+    def _chunk_body(self, g: _ChunkGraph, f: _FirstFrameGraph) -> None:
+        head, fast_in = self.model.prefill_batch(g.tokens, g.slots, g.starts, g.lengths, self.max_len, self.kv, kernel=True)
+        f.head.copy_(head)
+        f.fast_in.copy_(fast_in)
+
+    def _first_body(self, f: _FirstFrameGraph) -> None:
+        self.params.scatter_(f.slots, f.params)
+        f.out.copy_(self._first_frames(f.slots, f.ends, f.head, f.fast_in))
+
+    def _allocate_prefill_chunks(self) -> None:
+        """Static inputs and outputs of every chunk shape and first-frame batch."""
+        c, dev = self.config, self.device
+        for b in self.prefill_batches:
+            self.first_graphs[b] = _FirstFrameGraph(
+                    None,
+                    slots=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
+                    ends=torch.zeros(b, dtype=torch.long, device=dev),
+                    head=torch.zeros(b, c.num_semantic + 1, dtype=self.dtype, device=dev),
+                    fast_in=torch.zeros(b, c.fast_dim, dtype=self.dtype, device=dev),
+                    params=SamplingTensors.allocate(b, dev),
+                out=torch.zeros(b, 1 + c.num_codebooks, dtype=torch.long, device=dev),
+            )
+        for b in self.prefill_batches:
+            for t in PREFILL_LENGTHS:
+                if b * t <= PREFILL_CHUNK_TOKENS:
+                    self.chunk_graphs[(b, t)] = _ChunkGraph(
+                        None,
+                        tokens=torch.zeros(b, 1 + c.num_codebooks, t, dtype=torch.long, device=dev),
+                        slots=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
+                        starts=torch.zeros(b, dtype=torch.long, device=dev),
+                        lengths=torch.zeros(b, dtype=torch.long, device=dev),
+                    )
+
+    def _capture_prefill_graphs(self) -> None:
+        """The chunk graphs (largest first: they share one memory pool, sized by the first
+        capture) and the first-frame graphs, all on the prefill stream in a pool of their
+        own (a prefill may run while a decode graph runs). Warm-up and capture touch only
+        the scratch row."""
+        pool = torch.cuda.graph_pool_handle()
+
+        def capture(body, *args):
+            for _ in range(2):  # warm-up: kernel compilation, allocator, cuBLAS handles
+                body(*args)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=self.prefill_stream, capture_error_mode="thread_local"):
-                self._first_frame(self.first_slot, self.first_head, self.first_fast_in)
+            with torch.cuda.graph(graph, pool=pool, stream=self.prefill_stream, capture_error_mode="thread_local"):
+                body(*args)
+            return graph
+
+        with torch.inference_mode(), torch.cuda.stream(self.prefill_stream):
+            for (b, t), g in sorted(self.chunk_graphs.items(), key=lambda kv: -kv[0][0] * kv[0][1]):
+                g.graph = capture(self._chunk_body, g, self.first_graphs[b])
+            for b in reversed(self.prefill_batches):
+                f = self.first_graphs[b]
+                f.graph = capture(self._first_body, f)
         torch.cuda.synchronize(self.device)
-        self.first_frame_graph = graph
 
     def _check_room(self, start: int, length: int) -> None:
         if start + length > self.max_len:

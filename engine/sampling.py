@@ -94,6 +94,18 @@ class SamplingTensors:
         """A view of rows `sl` (no copy)."""
         return SamplingTensors(*(getattr(self, f)[sl] for f in _FIELDS))
 
+    def scatter_(self, idx: Tensor, src: "SamplingTensors") -> None:
+        """Rows idx of every setting from src's rows, in place (device side, no host sync)."""
+        for f in _FIELDS:
+            getattr(self, f).index_copy_(0, idx, getattr(src, f))
+
+    def copy_(self, src: "SamplingTensors", non_blocking: bool = False) -> None:
+        for f in _FIELDS:
+            getattr(self, f).copy_(getattr(src, f), non_blocking=non_blocking)
+
+    def pin_memory(self) -> "SamplingTensors":
+        return SamplingTensors(*(getattr(self, f).pin_memory() for f in _FIELDS))
+
     def set_row(self, row: int, p: SamplingParams) -> None:
         values = (p.temperature, p.top_p, p.top_k or MAX_TOP_K, p.repetition_penalty, p.ras, p.seed, p.allow_end)
         for name, value in zip(_FIELDS, values):

@@ -84,6 +84,26 @@ def bench_prefill(runner: Runner, length: int, repeats: int = 5) -> dict:
     return {"tokens": length, "ms": 1000 * times[len(times) // 2]}
 
 
+def bench_segments(runner: Runner, batch: int, start: int = 340, length: int = 40, repeats: int = 5) -> dict:
+    """What the service does when `batch` streams flush at once: a text segment of
+    `length` tokens after a voice prefix of `start` positions, for each of them, in one
+    batched prefill, to every first frame on the host."""
+    c = runner.config
+    tokens = torch.zeros(1 + c.num_codebooks, length, dtype=torch.long)
+    tokens[0] = torch.randint(0, 200, (length,))
+    params = SamplingParams(temperature=0.7, seed=1)
+    items = [(slot, start, tokens, params) for slot in range(batch)]
+    runner.prefill_segments(items)  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(runner.device)
+        t0 = time.perf_counter()
+        runner.prefill_segments(items)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"batch": batch, "start": start, "tokens": length, "ms": 1000 * times[len(times) // 2]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.engine_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,6 +133,7 @@ def main(argv=None) -> int:
         results[mode] = {
             "decode": [bench_decode(runner, b, a.context, a.steps) for b in batches],
             "prefill": [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len],
+            "segments": [bench_segments(runner, b) for b in (1, 16) if b <= max(batches) and 380 < a.max_len],
         }
         results["kv_bytes_per_stream"] = runner.kv_bytes_per_stream()
         del runner
@@ -131,6 +152,8 @@ def main(argv=None) -> int:
     for m in modes:
         for pf in results[m]["prefill"]:
             print(f"{m} prefill {pf['tokens']:>5} tokens: {pf['ms']:.1f} ms (to the first frame on the host)")
+        for sg in results[m]["segments"]:
+            print(f"{m} prefill of {sg['batch']:>2} segments of {sg['tokens']} tokens after {sg['start']}: {sg['ms']:.1f} ms")
     print(f"wrote {out / 'engine_bench.json'}")
     return 0
 
