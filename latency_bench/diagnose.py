@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--codec-batch", default="1,16,64")
     p.add_argument("--codec-frames", default="1,2,4")
-    p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--concurrency", default="1,16", help="engine levels; empty: codec times only")
     p.add_argument("--frames", type=int, default=100)
     p.add_argument("--out", default="out/diagnose")
     a = p.parse_args(argv)
@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     for r in res["codec"]:
         print(f"codec cudnn={r['cudnn']!s:5} batch {r['batch']:>3} x {r['frames']} frames: "
               f"{r['ms']:7.2f} ms (first call {r['first_ms']:.0f} ms)", flush=True)
-    res["engine"] = engine_times(bundle, [int(x) for x in a.concurrency.split(",")], a.frames)
+    if a.concurrency:
+        res["engine"] = engine_times(bundle, [int(x) for x in a.concurrency.split(",")], a.frames)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "diagnose.json").write_text(json.dumps(res, indent=1))

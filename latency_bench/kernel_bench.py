@@ -275,9 +275,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def bench_device(smoke: bool, name: str) -> torch.device | None:
-    """The GPU, or with --smoke the CPU under the Triton interpreter (set before anything
-    imports triton); None (after saying why) when neither applies."""
-    if torch.cuda.is_available() and not smoke:
+    """The GPU (--smoke there: small shapes, a check of the script), else with --smoke the
+    CPU under the Triton interpreter (set before anything imports triton); None (after
+    saying why) when neither applies. A machine with a GPU never interprets: once triton
+    is imported, setting TRITON_INTERPRET changes nothing, and compiled kernels cannot
+    read CPU tensors."""
+    if torch.cuda.is_available():
         return torch.device("cuda")
     if not smoke:
         print(f"{name} needs a CUDA device (or --smoke for a CPU check of the script)", file=sys.stderr)

@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh load     # WebSocket load sweep c=1,16,64, s2-pro shape
 #   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
+#   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
 # .whl (see README, "Measuring on a GPU").
@@ -40,6 +41,19 @@ quick)
     timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     timeout 60 python3 -m latency_bench.qk_rope_bench --out "$out/qk_rope" 2>&1 | tee "$out/qk_rope_bench.log"
+    ;;
+survey)
+    timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py \
+        tests/test_chunked_prefill.py tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 120 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
+        --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
+    timeout 60 python3 -m latency_bench.diagnose --model s2-pro --device cuda --codec-batch 1,16,64 --codec-frames 1,4 \
+        --concurrency "" --out "$out/diagnose" 2>&1 | grep -v "cudnn=False" | tee "$out/diagnose.log"
+    timeout 100 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \
+        --out "$out/profile" 2>&1 | head -60 | tee "$out/profile.log"
+    timeout 320 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
+        --server-arg=--log-timing --out "$out/load" 2>&1 | tee "$out/load.log"
+    grep "turn " "$out/load/server-engine.log" | python3 scripts/turn_timing.py
     ;;
 fp8)
     timeout 240 python3 -m pytest -q tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py \

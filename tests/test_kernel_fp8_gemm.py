@@ -15,8 +15,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # another order, then the output's rounding. Compiled, bf16 rounds to nearest (a one-ulp
 # flip where the fp32 sums straddle a midpoint; on Hopper the tensor cores also sum each
 # 128-product group with reduced precision); the interpreter truncates fp32 -> bf16
-# (measured on triton 3.6: half the values one ulp, 2^-8 relative, toward zero).
-TOL = {torch.bfloat16: 4e-3 if DEVICE == "cuda" else 1e-2, torch.float32: 1e-5}
+# (measured on triton 3.6: half the values one ulp, 2^-8 relative, toward zero). fp32
+# output, compiled: Hopper's FP8 tensor-core accumulation keeps fewer bits than fp32,
+# measured 1.1-1.3e-4 (5e-4 on the 256 x 256 blocky weights) on an H200; a layout or
+# indexing bug gives > 0.3.
+TOL = {torch.bfloat16: 4e-3 if DEVICE == "cuda" else 1e-2, torch.float32: 2e-3 if DEVICE == "cuda" else 1e-5}
 # against the unquantized fp32 product: e4m3 keeps 3 mantissa bits (~3.6% rms per operand)
 FP8_TOL = 0.08
 

@@ -25,14 +25,16 @@ def rel(a, b):
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_bundle("tiny", "cpu", torch.float32)
+    # on the kernels' device: a GPU machine compiles Triton, and compiled kernels cannot
+    # read CPU tensors (the interpreter runs only where there is no GPU)
+    return load_bundle("tiny", DEVICE, torch.float32)
 
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(3, 100), (2, 5, 300)])  # K < 128 and K % 128 != 0, 2-D and 3-D
 def test_fp8_linear_matches_linear(shape, bias):
-    lin = nn.Linear(shape[-1], 200, bias=bias)
-    x = torch.randn(shape)
+    lin = nn.Linear(shape[-1], 200, bias=bias).to(DEVICE)
+    x = torch.randn(shape, device=DEVICE)
     fp8 = FP8Linear.from_linear(lin)
     y = fp8(x)
     assert y.shape == (*shape[:-1], 200) and y.dtype == x.dtype
@@ -42,8 +44,8 @@ def test_fp8_linear_matches_linear(shape, bias):
 
 
 def test_fp8_feed_forward_matches_swiglu():
-    ff = FeedForward(200, 300)  # hidden not a multiple of 128: a block straddles the w1/w3 seam
-    x = torch.randn(2, 3, 200)
+    ff = FeedForward(200, 300).to(DEVICE)  # hidden not a multiple of 128: a block straddles the w1/w3 seam
+    x = torch.randn(2, 3, 200, device=DEVICE)
     fp8 = FP8FeedForward.from_feed_forward(ff)
     y = fp8(x)
     assert y.shape == x.shape
@@ -80,13 +82,13 @@ def test_quantized_decode_step_runs_with_kernels(tiny):
     runs one program per row and takes ~0.3 s per launch at M = 68)."""
     model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
     c = model.config
-    kv = KVCache.allocate(c, 3, 128, "cpu", torch.float32)
-    fast = FastCache.allocate(c, 3, "cpu", torch.float32)
-    prompt = tiny.prompts.full(None, "Hi.")
+    kv = KVCache.allocate(c, 3, 128, DEVICE, torch.float32)
+    fast = FastCache.allocate(c, 3, DEVICE, torch.float32)
+    prompt = tiny.prompts.full(None, "Hi.").to(DEVICE)
     for slot in range(3):
         model.prefill(prompt, slot, 0, kv)
     tokens = prompt[:, -1:].T.repeat(3, 1)  # [3, 1 + C]
-    slots, positions = torch.arange(3), torch.full((3,), prompt.shape[1])
+    slots, positions = torch.arange(3, device=DEVICE), torch.full((3,), prompt.shape[1], device=DEVICE)
 
     def step():
         head, fast_in = model.decode_slow(tokens, slots, positions, prompt.shape[1] + 1, kv)
