@@ -3,14 +3,16 @@ and the mapping of a Fish `TTSRequest` onto engine settings."""
 
 from __future__ import annotations
 
+import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.engine import Engine, StreamParams
 from engine.sampling import SamplingParams
 from engine.voice import ReferenceInput, VoiceInput
 from realtime import protocol as P
 from realtime.config import ServiceConfig
+from realtime.mailbox import LoopMailbox
 from realtime.metrics import Metrics
 from realtime.voices import VoiceStore
 
@@ -21,6 +23,14 @@ class Services:
     engine: Engine
     metrics: Metrics
     voices: VoiceStore
+    _mailbox: LoopMailbox | None = field(default=None, init=False, repr=False)
+
+    def mailbox(self) -> LoopMailbox:
+        """The running loop's mailbox for engine events (one per loop, shared by sessions)."""
+        loop = asyncio.get_running_loop()
+        if self._mailbox is None or self._mailbox.loop is not loop:
+            self._mailbox = LoopMailbox(loop)
+        return self._mailbox
 
     def resolve_voice(self, req: P.TTSRequest) -> VoiceInput:
         from realtime.session import SessionError

@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engine.engine import Refused
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
+from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
 
@@ -46,16 +47,11 @@ class SessionError(Exception):
 
 
 class EngineSink:
-    """Engine callbacks (worker threads) -> the session's event loop."""
+    """Engine callbacks (worker threads) -> the session's event loop, through the loop's
+    mailbox (realtime/mailbox.py: one wake-up for a burst of events of all sessions)."""
 
-    def __init__(self, session: "LiveSession", loop: asyncio.AbstractEventLoop) -> None:
-        self._session, self._loop = session, loop
-
-    def _post(self, fn, *args) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: the server is shutting down
-            pass
+    def __init__(self, session: "LiveSession", mailbox: LoopMailbox) -> None:
+        self._session, self._post = session, mailbox.post
 
     def on_ready(self, voice_cached: bool, prefill_ms: float) -> None:
         self._post(self._session.on_ready, voice_cached, prefill_ms)
@@ -229,7 +225,7 @@ class LiveSession:
         self.segmenter = TextSegmenter(req.chunk_length, min(req.min_chunk_length, req.chunk_length), req.latency)
         self.request = req
         try:
-            self.handle = self.svc.engine.open(voice, self.svc.stream_params(req), EngineSink(self, asyncio.get_running_loop()))
+            self.handle = self.svc.engine.open(voice, self.svc.stream_params(req), EngineSink(self, self.svc.mailbox()))
         except Refused as e:
             raise SessionError(P.ErrorCode.BUSY, f"server busy: {e}") from None
         self.state = State.PREPARING
