@@ -17,6 +17,12 @@ from engine.layers import FeedForward
 from engine.quant import FP8FeedForward, FP8Linear, is_quantized, quantize_model_, set_kernel_
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# kernel vs its PyTorch reference on the same quantized operands. Compiled on Hopper, the
+# FP8 tensor cores accumulate with fewer bits than fp32 (measured 1.2e-4 on an H200), and
+# in the MLP a last-bit difference before the second quantization can move a value to the
+# next e4m3 step (measured 2.5e-3); a layout or indexing bug gives > 0.1.
+LINEAR_TOL = 1e-3 if DEVICE == "cuda" else 1e-5
+MLP_TOL = 1e-2 if DEVICE == "cuda" else 1e-4
 
 
 def rel(a, b):
@@ -40,7 +46,7 @@ def test_fp8_linear_matches_linear(shape, bias):
     assert y.shape == (*shape[:-1], 200) and y.dtype == x.dtype
     assert rel(y, lin(x)) < 0.08  # e4m3: 3 mantissa bits per operand
     fp8.kernel = False  # the PyTorch reference of the same function: same quantized operands
-    assert rel(fp8(x), y) < 1e-5
+    assert rel(fp8(x), y) < LINEAR_TOL
 
 
 def test_fp8_feed_forward_matches_swiglu():
@@ -51,7 +57,7 @@ def test_fp8_feed_forward_matches_swiglu():
     assert y.shape == x.shape
     assert rel(y, ff(x)) < 0.08
     fp8.kernel = False
-    assert rel(fp8(x), y) < 1e-4  # the kernel's silu may differ from PyTorch's by an ulp
+    assert rel(fp8(x), y) < MLP_TOL  # the kernel's silu may also differ from PyTorch's by an ulp
 
 
 def test_quantize_model_swaps_the_transformer_linears_only(tiny):
@@ -69,7 +75,7 @@ def test_quantize_model_swaps_the_transformer_linears_only(tiny):
 
 
 def test_quantized_model_stays_close(tiny):
-    prompt = tiny.prompts.full(None, "Hello there.")
+    prompt = tiny.prompts.full(None, "Hello there.").to(DEVICE)
     exact = tiny.model.full_logits(prompt)
     model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
     # ~5% (every linear of the slow transformer in e4m3, random weights)
