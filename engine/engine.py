@@ -55,6 +55,10 @@ class EngineConfig:
     # event loop or codec thread: on an H200 at 64 connections a step took ~21 ms in the
     # service against 11 ms alone.
     gil_switch_interval_s: float | None = 0.0005
+    # the codec worker holds frames back, to decode and send them four at a time, while a
+    # stream's audio leads its real-time playback by more than this (None: never hold;
+    # engine/codec_worker.py)
+    codec_hold_lead_s: float | None = 0.3
 
     def __post_init__(self) -> None:
         if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
@@ -131,7 +135,7 @@ class Engine:
         # the naive baseline runs eager: no CUDA graphs
         self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
-        self.codec = CodecWorker(bundle.codec, c.max_running + 1)
+        self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())
@@ -360,7 +364,7 @@ class Engine:
             self.frames += 1
             self.codec.frame(stream.owner, stream.slot, turn, frame[1:])
         if outcome.segment_done:
-            self.codec.end(stream.owner, turn, outcome.reason)
+            self.codec.end(stream.owner, stream.slot, turn, outcome.reason)
 
     # --- decode thread ----------------------------------------------------------------
 
@@ -402,5 +406,10 @@ class Engine:
                     emitted.append((stream, turn, frame, outcome))
             self.sched.step_read(batch)
             self._lock.notify_all()
-        for item in emitted:
-            self._emit(*item)
+        frames = [(s.owner, s.slot, turn, frame[1:]) for s, turn, frame, outcome in emitted if outcome.emit]
+        self.frames += len(frames)
+        if frames:
+            self.codec.frames(frames)  # the step's frames as one item: one codec call for them
+        for stream, turn, _, outcome in emitted:
+            if outcome.segment_done:
+                self.codec.end(stream.owner, stream.slot, turn, outcome.reason)

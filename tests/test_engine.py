@@ -58,13 +58,18 @@ class Recorder:
 
 def tap_frames(engine):
     """Record each stream's code frames on their way to the codec (a spy on the real worker)."""
-    forward = engine.codec.frame
+    forward, forward_step = engine.codec.frame, engine.codec.frames
 
     def frame(owner, slot, turn, codes):
         owner.sink.frames.append(np.array(codes))
         forward(owner, slot, turn, codes)
 
-    engine.codec.frame = frame
+    def frames(items):
+        for owner, _, _, codes in items:
+            owner.sink.frames.append(np.array(codes))
+        forward_step(items)
+
+    engine.codec.frame, engine.codec.frames = frame, frames
 
 
 def alone(bundle, text, n):

@@ -111,7 +111,7 @@ def test_codec_graphs_give_the_eager_audio():
     frames = {s: rng.integers(0, 64, (n, codec.num_codebooks)) for s, n in lengths.items()}
     heard = []
     for graphs in (False, True):
-        worker = CodecWorker(codec, 4, cuda_graphs=graphs)
+        worker = CodecWorker(codec, 4, cuda_graphs=graphs, hold_lead_s=None)
         worker.warm_up()
         assert bool(worker._graphs) == graphs
         listeners = {s: _Listener() for s in frames}
@@ -122,7 +122,7 @@ def test_codec_graphs_give_the_eager_audio():
                 if t < len(codes):
                     worker.frame(listeners[s], s, 1, codes[t])
         for s in frames:
-            worker.end(listeners[s], 1, "end")
+            worker.end(listeners[s], s, 1, "end")
         worker.start()
         for listener in listeners.values():
             assert listener.ended.wait(60)

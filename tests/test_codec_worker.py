@@ -1,0 +1,90 @@
+"""The codec worker's hold-back policy: a stream's first frames are decoded at once, frames
+are held back (to go out four at a time) only while the audio already sent leads
+real-time playback by more than hold_lead_s, a held frame goes out when that lead runs
+down even if no more frames come, and a segment end flushes everything before it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.bundle import load_bundle
+from engine.codec_worker import CHUNKS, CodecWorker, _End, _Frame
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.chunks: list[int] = []  # samples per audio callback
+        self.ends: list[str] = []
+
+    def wanted(self, turn: int) -> bool:
+        return True
+
+    def audio(self, turn: int, pcm: np.ndarray) -> None:
+        self.chunks.append(len(pcm))
+
+    def segment_end(self, turn: int, reason: str) -> None:
+        self.ends.append(reason)
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return load_bundle("tiny", "cpu", torch.float32).codec
+
+
+def make_worker(codec, hold):
+    worker = CodecWorker(codec, 2, hold_lead_s=hold)
+    clock = [1000.0]
+    worker.clock = lambda: clock[0]
+    return worker, clock
+
+
+def test_frames_are_held_only_while_well_ahead_of_real_time(codec):
+    worker, clock = make_worker(codec, 0.3)
+    hop, frame_s = codec.hop_length, worker.frame_s
+    listener = Listener()
+    codes = np.random.default_rng(0).integers(0, 64, (60, codec.num_codebooks))
+    start = clock[0]
+    for i in range(60):  # frames arrive at twice real time
+        worker._process([_Frame(listener, 0, 1, codes[i])])
+        if i == 0:
+            assert listener.chunks == [hop]  # the first frame goes out at once
+        heard_s = sum(listener.chunks) / hop * frame_s
+        assert heard_s >= clock[0] - start  # a real-time player never runs dry
+        clock[0] += frame_s / 2
+    assert len(listener.chunks) < 30  # most frames went out four at a time
+    assert max(listener.chunks) == CHUNKS[0] * hop
+    held = 60 - sum(listener.chunks) // hop
+    assert held > 0
+    worker._process([_End(listener, 0, 1, "end")])  # the end flushes the held frames first
+    assert sum(listener.chunks) == 60 * hop and listener.ends == ["end"]
+
+
+def test_a_held_frame_goes_out_when_the_lead_runs_down(codec):
+    worker, clock = make_worker(codec, 0.3)
+    frame_s = worker.frame_s
+    listener = Listener()
+    codes = np.random.default_rng(1).integers(0, 64, (20, codec.num_codebooks))
+    for i in range(20):  # far ahead: 20 frames at once, then one more
+        worker._process([_Frame(listener, 1, 1, codes[i])])
+    sent = sum(listener.chunks)
+    worker._process([_Frame(listener, 1, 1, codes[0])])
+    assert sum(listener.chunks) == sent  # held: the stream is ~0.9 s ahead
+    wait = worker._next_deadline()
+    assert wait == pytest.approx(sent / codec.hop_length * frame_s - 0.3, abs=1e-6)
+    clock[0] += wait - 0.01
+    worker._process([])
+    assert sum(listener.chunks) == sent  # not yet
+    clock[0] += 0.011
+    worker._process([])  # the queue timed out: nothing new, the lead is down to 0.3 s
+    assert sum(listener.chunks) == 21 * codec.hop_length
+
+
+def test_no_hold_decodes_every_frame_at_once(codec):
+    worker, _ = make_worker(codec, None)
+    listener = Listener()
+    codes = np.random.default_rng(2).integers(0, 64, (10, codec.num_codebooks))
+    for i in range(10):
+        worker._process([_Frame(listener, 0, 1, codes[i])])
+    assert listener.chunks == [codec.hop_length] * 10
