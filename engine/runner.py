@@ -166,7 +166,9 @@ class Runner:
         self._last_slots: list[int] | None = None
         if self.cuda:
             self.decode_stream = torch.cuda.Stream(dev)
-            self.prefill_stream = torch.cuda.Stream(dev)
+            # high priority: a prefill is short and someone is waiting for its first audio,
+            # so its kernels go ahead of the decode step's when both are ready to run
+            self.prefill_stream = torch.cuda.Stream(dev, priority=-1)
         self._prefill_lock = threading.Lock()  # one prefill at a time (prefill thread + tools)
         # chunked prefill: fixed (batch, length) chunk shapes, attention through the Triton
         # kernel, each chunk and each batch's first frame one CUDA graph on a GPU with
