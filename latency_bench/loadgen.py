@@ -173,9 +173,25 @@ async def run_level(concurrency: int, w: Workload, ramp_s: float, report_every_s
         for i in range(concurrency)
     ]
     done = asyncio.gather(*tasks)
+    lags: list[float] = []
+    monitor = asyncio.create_task(_loop_lag(lags))
     while not done.done():
         await asyncio.wait([done], timeout=report_every_s)
         if log:
             log(f"  c={concurrency}: {time.perf_counter() - start:5.1f}s active={progress.active} "
                 f"turns={progress.turns_done}/{concurrency * w.turns} errors={progress.errors}")
+    monitor.cancel()
+    if log and lags:
+        lags.sort()
+        log(f"  c={concurrency}: client event-loop lag p99 {1000 * lags[int(0.99 * (len(lags) - 1))]:.1f} ms, "
+            f"max {1000 * lags[-1]:.1f} ms (a busy client would delay its own timestamps)")
     return done.result(), time.perf_counter() - start
+
+
+async def _loop_lag(lags: list[float], period_s: float = 0.01) -> None:
+    """How late this process's event loop wakes a 10 ms sleeper: if the load generator
+    itself were saturated, its receive times (TTFA, chunk gaps) would be late too."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period_s)
+        lags.append(max(0.0, time.perf_counter() - t - period_s))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -37,6 +39,8 @@ from realtime.oneshot import OneShotError, synthesize
 from realtime.services import Services
 from realtime.session import LiveSession, SessionError
 from realtime.voices import VoiceStore, VoiceStoreError
+
+log = logging.getLogger("realtime.app")
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 MEDIA_TYPES = {"mp3": "audio/mpeg", "wav": "audio/wav", "opus": "audio/ogg", "pcm": "audio/L16"}
@@ -170,9 +174,11 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     @asynccontextmanager
     async def lifespan(app):
         engine.start()
+        monitor = asyncio.create_task(_watch_loop_lag(svc))
         try:
             yield
         finally:
+            monitor.cancel()
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
 
     routes = [
@@ -189,6 +195,23 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.services = svc
     return app
+
+
+async def _watch_loop_lag(svc: Services, period_s: float = 0.01, report_s: float = 5.0) -> None:
+    """How late the event loop wakes a 10 ms sleeper: every audio chunk, text message and
+    engine event waits that long. Kept on /metrics (worst of the last report period) and
+    logged when it passes 50 ms."""
+    worst, since = 0.0, time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period_s)
+        now = time.perf_counter()
+        worst = max(worst, now - t - period_s)
+        if now - since >= report_s:
+            svc.metrics.loop_lag_max_s = worst
+            if worst > 0.05:
+                log.warning("event loop lag up to %.0f ms in the last %.0f s", 1000 * worst, now - since)
+            worst, since = 0.0, now
 
 
 async def _read_body(request: Request, limits: P.Limits) -> tuple[object, bool]:

@@ -41,6 +41,7 @@ class Metrics:
         self.audio_seconds = 0.0
         self.errors: Counter[str] = Counter()
         self.http_requests = 0
+        self.loop_lag_max_s = 0.0  # worst event-loop wake-up delay of the last few seconds
         self._frames: deque[tuple[float, int]] = deque(maxlen=64)  # (time, engine frames) samples
 
     def frames_per_second(self, engine_frames: int) -> float:
@@ -61,6 +62,7 @@ class Metrics:
             "# TYPE realtime_audio_seconds_total counter", f"realtime_audio_seconds_total {self.audio_seconds:.3f}",
             "# TYPE realtime_errors_total counter",
             *[f'realtime_errors_total{{code="{code}"}} {n}' for code, n in sorted(self.errors.items())],
+            "# TYPE realtime_loop_lag_max_seconds gauge", f"realtime_loop_lag_max_seconds {self.loop_lag_max_s:.4f}",
             "# TYPE engine_frames_per_second gauge",
             f"engine_frames_per_second {self.frames_per_second(engine_stats.get('frames', 0)):.2f}",
         ]

@@ -8,6 +8,7 @@
 #   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
+#   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
 # .whl (see README, "Measuring on a GPU").
@@ -54,6 +55,22 @@ survey)
     timeout 320 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
         --server-arg=--log-timing --out "$out/load" 2>&1 | tee "$out/load.log"
     grep "turn " "$out/load/server-engine.log" | python3 scripts/turn_timing.py
+    ;;
+reference)
+    # the frozen-reference run: GPU tests, load sweep (with per-turn timing) and the naive
+    # baseline; the files worth keeping are copied flat into $out (8 files come back)
+    work=/tmp/reference; rm -rf "$work"; mkdir -p "$work"
+    timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py \
+        tests/test_chunked_prefill.py tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py 2>&1 \
+        | tail -15 > "$out/gpu_tests.log"; cat "$out/gpu_tests.log"
+    timeout 240 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,32,64 --server-arg=--max-len=1536 \
+        --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/load.log"
+    grep "turn " "$work/load/server-engine.log" | python3 scripts/turn_timing.py 3,48,96,192 | tee -a "$out/load.log"
+    grep -i "loop lag\|error\|traceback" "$work/load/server-engine.log" | tail -8 | tee -a "$out/load.log"
+    timeout 200 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1,4 \
+        --baseline-turns 1 --concurrency 1,4 --server-arg=--max-len=1536 --out "$work/naive" 2>&1 | grep -v "active=" | tee "$out/naive.log"
+    cp "$work/load/results.json" "$out/load.json"; cp "$work/load/ttfa_throughput.png" "$out/ttfa_throughput.png"
+    cp "$work/naive/results.json" "$out/naive.json"
     ;;
 fp8)
     timeout 240 python3 -m pytest -q tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py \
