@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -174,12 +175,28 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     @asynccontextmanager
     async def lifespan(app):
         engine.start()
-        monitor = asyncio.create_task(_watch_loop_lag(svc))
+        # Everything loaded so far (the model's modules, imported code) lives as long as
+        # the process: out of the collector's sight, so that full collections only walk
+        # what serving allocates.
+        gc.collect()
+        gc.freeze()
+        tasks = [asyncio.create_task(_watch_loop_lag(svc))]
+        sampler = None
+        if config.debug_stalls:
+            from realtime.stalls import StallSampler
+
+            sampler = StallSampler()
+            sampler.start()
+            tasks.append(asyncio.create_task(sampler.beat()))
         try:
             yield
         finally:
-            monitor.cancel()
+            for t in tasks:
+                t.cancel()
+            if sampler is not None:
+                sampler.stop()
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+            gc.unfreeze()  # back in the collector's sight: an in-process server (tests) frees them
 
     routes = [
         WebSocketRoute("/v1/tts/live", live),

@@ -28,6 +28,7 @@ class ServiceConfig:
     max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection (slow readers)
     demo_page: bool = True
     ignore_end: bool = False  # fixed-length mode for random-weight benchmarks and tests
+    debug_stalls: bool = False  # log GC pauses and thread stacks during event-loop stalls
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--max-new-tokens", type=int, default=2048, help="upper bound clients may ask for (frames per segment)")
     p.add_argument("--no-demo", action="store_true", help="do not serve the browser demo at /")
     p.add_argument("--log-timing", action="store_true", help="log each turn's say -> prefill -> first audio times")
+    p.add_argument("--debug-stalls", action="store_true",
+                   help="log GC pauses and what every thread was doing while the event loop was stalled (realtime/stalls.py)")
     p.add_argument("--naive", action="store_true",
                    help="benchmark baseline: one utterance at a time, host sync after every step, no CUDA graphs")
     p.add_argument("--ignore-end", action="store_true",
@@ -85,4 +88,5 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
         idle_timeout_s=a.idle_timeout,
         demo_page=not a.no_demo,
         ignore_end=a.ignore_end,
+        debug_stalls=a.debug_stalls,
     )

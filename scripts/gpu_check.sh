@@ -9,6 +9,7 @@
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
+#   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
 # .whl (see README, "Measuring on a GPU").
@@ -55,6 +56,15 @@ survey)
     timeout 320 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
         --server-arg=--log-timing --out "$out/load" 2>&1 | tee "$out/load.log"
     grep "turn " "$out/load/server-engine.log" | python3 scripts/turn_timing.py
+    ;;
+stalls)
+    # c=64 only, with the service's stall sampler: GC pauses and thread stacks while the
+    # event loop was blocked
+    work=/tmp/stalls; rm -rf "$work"; mkdir -p "$work"
+    timeout 200 python3 -m latency_bench "${bench[@]}" --concurrency 64 --server-arg=--max-len=1536 \
+        --server-arg=--log-timing --server-arg=--debug-stalls --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/stalls.log"
+    grep "turn " "$work/load/server-engine.log" | python3 scripts/turn_timing.py 192 | tee -a "$out/stalls.log"
+    grep -v "turn \|INFO" "$work/load/server-engine.log" | tail -120 | tee -a "$out/stalls.log"
     ;;
 reference)
     # the frozen-reference run: GPU tests, load sweep (with per-turn timing) and the naive
