@@ -94,7 +94,8 @@ async def run_connection(index: int, w: Workload, delay_s: float, progress: _Pro
     progress.active += 1
     try:
         async with asyncio.timeout(w.timeout_s):
-            async with websockets.connect(w.url, additional_headers=headers, max_size=None) as ws:
+            # no permessage-deflate: audio does not compress (the service declines it too)
+            async with websockets.connect(w.url, additional_headers=headers, max_size=None, compression=None) as ws:
                 await _converse(ws, index, w, result, progress)
     except Exception as e:  # every failure is counted, none stops the run
         result.errors.append(f"{type(e).__name__}: {e}"[:200])

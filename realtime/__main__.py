@@ -9,7 +9,7 @@ import uvicorn
 
 from engine.bundle import load_bundle
 from engine.engine import Engine
-from realtime.app import build_app
+from realtime.app import build_app, uvicorn_options
 from realtime.config import parse_args
 
 
@@ -25,10 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"live TTS:   ws://{host}:{config.port}/v1/tts/live", flush=True)
     if config.api_keys:
         print(f"API keys required ({len(config.api_keys)} configured)", flush=True)
-    uvicorn.run(
-        app, host=config.host, port=config.port, loop="uvloop", http="httptools",
-        ws="websockets-sansio", ws_max_size=config.limits.max_message_bytes, log_level="info",
-    )
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info", **uvicorn_options(config))
     return 0
 
 

@@ -214,6 +214,18 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     return app
 
 
+def uvicorn_options(config: ServiceConfig) -> dict:
+    """How the service runs under uvicorn (the service's main and the tests' server).
+
+    No permessage-deflate: audio does not compress, and zlib on every audio message was
+    what saturated the event loop at 64 connections on an H200 (--debug-stalls: the loop
+    was in permessage_deflate.encode through its stalls of up to 0.9 s)."""
+    return dict(
+        loop="uvloop", http="httptools", ws="websockets-sansio", ws_max_size=config.limits.max_message_bytes,
+        ws_per_message_deflate=False,
+    )
+
+
 async def _watch_loop_lag(svc: Services, period_s: float = 0.01, report_s: float = 5.0) -> None:
     """How late the event loop wakes a 10 ms sleeper: every audio chunk, text message and
     engine event waits that long. Kept on /metrics (worst of the last report period) and

@@ -17,7 +17,7 @@ import uvicorn
 
 from engine.bundle import load_bundle
 from engine.engine import Engine, EngineConfig
-from realtime.app import build_app
+from realtime.app import build_app, uvicorn_options
 from realtime.config import ServiceConfig
 
 _BUNDLES: dict = {}
@@ -65,8 +65,7 @@ def running_server(tmp_path: Path, model: str = "tiny", engine: EngineConfig | N
     eng = Engine(bundle(model), config.engine)
     app = build_app(config, eng)
     uv = uvicorn.Server(uvicorn.Config(
-        app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", ws="websockets-sansio",
-        ws_max_size=config.limits.max_message_bytes, log_level="warning", lifespan="on",
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **uvicorn_options(config),
     ))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()

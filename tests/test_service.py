@@ -170,6 +170,16 @@ def test_same_seed_gives_the_same_audio_alone_or_in_a_crowd(srv):
     assert diff.max() < 300, diff.max()
 
 
+def test_the_service_declines_websocket_compression(srv):
+    """Clients offer permessage-deflate by default; audio does not compress, and zlib on
+    every audio message saturated the event loop under load, so the service declines it."""
+    async def main():
+        async with websockets.connect(srv.ws_url) as ws:  # offers permessage-deflate
+            return ws.response.headers.get("Sec-WebSocket-Extensions")
+
+    assert run(main()) is None
+
+
 def test_cancel_drops_the_turn_and_the_voice_stays_ready(srv):
     async def main():
         events = []
