@@ -275,7 +275,9 @@ class CodecWorker:
             groups: dict[int, list[int]] = {}
             for slot, frames in pending.items():
                 groups.setdefault(next(c for c in CHUNKS if c <= len(frames)), []).append(slot)
-            for n, slots in groups.items():
+            # smallest chunks first: single frames are mostly a turn's first audio (someone
+            # waits for it), chunks of four belong to streams well ahead of real time
+            for n, slots in sorted(groups.items()):
                 chunks = {s: pending[s][:n] for s in slots}
                 for s in slots:
                     del pending[s][:n]

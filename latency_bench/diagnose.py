@@ -53,6 +53,30 @@ def codec_times(bundle, batches, frames, repeats=5) -> list[dict]:
     return out
 
 
+def codec_graph_times(bundle, max_streams: int, repeats: int = 5) -> list[dict]:
+    """The codec worker's calls as the service makes them (CUDA graphs on a GPU, pinned
+    copies in and out), per batch bucket and chunk: host time of a call, to the PCM on
+    the host."""
+    from engine.codec_worker import CHUNKS, CodecWorker
+
+    worker = CodecWorker(bundle.codec, max_streams)
+    worker.warm_up()
+    out = []
+    with torch.inference_mode():
+        for b in worker.buckets:
+            for n in CHUNKS:
+                codes = np.random.default_rng(0).integers(0, 1000, (b, worker.num_codebooks, n))
+                slots = list(range(b))
+                times = []
+                for _ in range(repeats + 1):
+                    t0 = time.perf_counter()
+                    worker._call(slots, codes)
+                    times.append(time.perf_counter() - t0)
+                out.append({"graphs": bool(worker._graphs), "batch": b, "frames": n,
+                            "ms": 1000 * statistics.median(times[1:])})
+    return out
+
+
 class _Sink:
     def __init__(self):
         self.t_say = 0.0
@@ -122,6 +146,10 @@ def main(argv=None) -> int:
     for r in res["codec"]:
         print(f"codec cudnn={r['cudnn']!s:5} batch {r['batch']:>3} x {r['frames']} frames: "
               f"{r['ms']:7.2f} ms (first call {r['first_ms']:.0f} ms)", flush=True)
+    res["codec_worker"] = codec_graph_times(bundle, max(int(x) for x in a.codec_batch.split(",")))
+    for r in res["codec_worker"]:
+        print(f"codec worker call (graphs={r['graphs']}) batch {r['batch']:>3} x {r['frames']} frames: {r['ms']:7.2f} ms",
+              flush=True)
     if a.concurrency:
         res["engine"] = engine_times(bundle, [int(x) for x in a.concurrency.split(",")], a.frames)
     out = Path(a.out)

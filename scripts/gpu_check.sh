@@ -9,6 +9,7 @@
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
+#   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
 #   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -56,6 +57,16 @@ survey)
     timeout 320 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
         --server-arg=--log-timing --out "$out/load" 2>&1 | tee "$out/load.log"
     grep "turn " "$out/load/server-engine.log" | python3 scripts/turn_timing.py
+    ;;
+codec64)
+    # the codec worker's call times (graphs) and one c=64 load level with per-turn timing
+    work=/tmp/codec64; rm -rf "$work"; mkdir -p "$work"
+    timeout 90 python3 -m latency_bench.diagnose --model s2-pro --device cuda --codec-batch 1,16,64 --codec-frames 1,4 \
+        --concurrency "" --out "$work/diagnose" 2>&1 | grep "worker call\|cudnn=True" | tee "$out/codec64.log"
+    timeout 150 python3 -m latency_bench "${bench[@]}" --concurrency 64 --server-arg=--max-len=1536 \
+        --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee -a "$out/codec64.log"
+    grep "turn " "$work/load/server-engine.log" | python3 scripts/turn_timing.py 192 | tee -a "$out/codec64.log"
+    cp "$work/load/results.json" "$out/load64.json"
     ;;
 stalls)
     # c=64 only, with the service's stall sampler: GC pauses and thread stacks while the

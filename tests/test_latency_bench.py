@@ -85,7 +85,7 @@ def test_frozen_reference_is_well_formed():
 
     folder = Path(__file__).parent.parent / "latency_bench" / "reference" / "h200-s2pro"
     load = json.loads((folder / "load.json").read_text())
-    assert [lv["concurrency"] for lv in load["runs"]["engine"]] == [1, 16, 64]
+    assert {1, 16, 64} <= {lv["concurrency"] for lv in load["runs"]["engine"]}  # the levels
     assert compare(load, copy.deepcopy(load)) == []  # the reference passes its own gate
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["gpu"].startswith("NVIDIA H200") and meta["commit"]
