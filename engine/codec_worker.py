@@ -201,7 +201,9 @@ class CodecWorker:
             for slot in self._held
             if (lead := self._leads.get(slot)) is not None
         ]
-        return max(0.0, min(waits, default=0.0))
+        # (held frames always have a lead once decoding began; should one not, poll
+        # rather than block with frames in hand)
+        return max(0.0, min(waits, default=0.05))
 
     def _decode_due(self, now: float) -> None:
         due = [slot for slot, frames in self._held.items() if self._due(slot, frames, now)]
