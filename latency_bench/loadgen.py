@@ -136,6 +136,7 @@ async def _converse(ws, index: int, w: Workload, result: ConnectionResult, progr
 
 async def _receive_turn(ws, w: Workload, record: TurnRecord, result: ConnectionResult) -> None:
     cancelled = False
+    heard = 0.0  # seconds of audio received this turn
     while True:
         event = await _next(ws, result)
         kind = event.get("event")
@@ -144,7 +145,8 @@ async def _receive_turn(ws, w: Workload, record: TurnRecord, result: ConnectionR
             rate = event.get("sample_rate") or w.codec_rate
             seconds = event.get("samples", len(event["audio"]) // 2) / rate
             record.chunks.append((now, seconds))
-            record.frames = round(sum(d for _, d in record.chunks) * w.codec_rate / w.hop_length)
+            heard += seconds  # a running sum: re-summing every chunk per event grows with the turn
+            record.frames = round(heard * w.codec_rate / w.hop_length)
             if w.barge_in_after_s is not None and not cancelled and now - record.chunks[0][0] >= w.barge_in_after_s:
                 await ws.send(msgpack.packb({"event": "cancel"}))
                 cancelled = True
