@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from engine.codec.streaming import StreamingDecoder
+from engine.graphs import capture
 
 
 @dataclass(slots=True)
@@ -128,12 +129,9 @@ class CodecWorker:
     def depth(self) -> int:
         return self._queue.qsize()
 
-    def frame(self, owner: Any, slot: int, turn: int, codes: np.ndarray) -> None:
-        self._queue.put(_Frame(owner, slot, turn, codes))
-
     def frames(self, frames: list[tuple[Any, int, int, np.ndarray]]) -> None:
-        """Several streams' frames of one decode step as one queue item: the worker sees
-        the whole step at once and decodes it in one call."""
+        """(owner, slot, turn, codes [C]) frames, e.g. a decode step's, as one queue item:
+        the worker sees them all at once and decodes them in one call."""
         self._queue.put([_Frame(*f) for f in frames])
 
     def end(self, owner: Any, slot: int, turn: int, reason: str) -> None:
@@ -164,7 +162,7 @@ class CodecWorker:
         """Take in queued items (in order) and decode every stream's frames that are due."""
         for item in _flat(items):
             if isinstance(item, _Frame):
-                held = self._held.setdefault(item.slot, [])
+                held = self._held.get(item.slot)
                 if held and held[0].turn != item.turn:  # a new turn: the old one's frames first
                     self._flush([item.slot])
                 self._held.setdefault(item.slot, []).append(item)
@@ -173,12 +171,11 @@ class CodecWorker:
                 self._flush(list(self._held))
                 return True
             self._flush([item.slot])  # a stream's frames always precede its later items
+            self._leads.pop(item.slot, None)  # a segment end or a new stream: the next turn starts afresh
             if isinstance(item, _Reset):
-                self._leads.pop(item.slot, None)
                 with self._on_stream():
                     self.decoder.reset(item.slot)
             else:
-                self._leads.pop(item.slot, None)
                 item.owner.segment_end(item.turn, item.reason)
         self._decode_due(self.clock())
         return False
@@ -233,22 +230,19 @@ class CodecWorker:
         # run one at a time on this worker's stream, so they may share it
         pool = torch.cuda.graph_pool_handle()
         shapes = sorted(((b, n) for b in self.buckets for n in CHUNKS), key=lambda s: -s[0] * s[1])
-        with torch.cuda.stream(self.stream):
-            for b, n in shapes:
-                slots = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
-                codes = torch.zeros(b, self.num_codebooks, n, dtype=torch.long, device=self.device)
-                self.decoder.decode(slots, codes)  # warm-up on the static buffers
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
-                    audio = self.decoder.decode(slots, codes).float()
-                self._graphs[(b, n)] = _Graph(graph, slots, codes, audio)
+        for b, n in shapes:
+            slots = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
+            codes = torch.zeros(b, self.num_codebooks, n, dtype=torch.long, device=self.device)
+            # one warm-up: warm_up() already ran every shape eagerly
+            graph, audio = capture(lambda: self.decoder.decode(slots, codes).float(), self.stream, pool, warmups=1)
+            self._graphs[(b, n)] = _Graph(graph, slots, codes, audio)
 
     def _call(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         """Decode codes [B, C, n] for `slots` (B a bucket); returns PCM [B, n * hop]."""
         g = self._graphs.get((codes.shape[0], codes.shape[2]))
         if g is None:
             return self._eager(slots, codes)
-        b, n = codes.shape[0], codes.shape[2]
+        b = codes.shape[0]
         staged = self._codes_host[: b + codes.size]
         staged[:b] = torch.tensor(slots, dtype=torch.long)
         staged[b:] = torch.from_numpy(codes).view(-1)

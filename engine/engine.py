@@ -9,7 +9,7 @@
 The public methods (open / say / cancel / close) are called from the service's event
 loop; they only update the scheduler under a lock and wake the threads, never wait for
 model work. Results go to each stream's sink from the worker threads; the sink must hand
-them to its own thread (the service uses `loop.call_soon_threadsafe`).
+them to its own thread (the service uses one mailbox per event loop, realtime/mailbox.py).
 """
 
 from __future__ import annotations
@@ -349,22 +349,26 @@ class Engine:
             if t is not None:
                 t.append(time.perf_counter())
         self.prefills += len(items)
-        outcomes = []
+        emitted = []
         with self._lock:
             for (work, tokens, _), frame in zip(items, frames):
                 if self.sched.segment_done(work.stream, work, tokens.shape[1]):
                     is_end = int(frame[0]) == self.im_end_id
-                    outcomes.append((work, frame, self.sched.frame(work.stream, work.segment.id, frame, is_end)))
+                    outcome = self.sched.frame(work.stream, work.segment.id, frame, is_end)
+                    emitted.append((work.stream, work.segment.turn, frame, outcome))
             self._lock.notify_all()
-        for work, frame, outcome in outcomes:
-            self._emit(work.stream, work.segment.turn, frame, outcome)
+        self._emit(emitted)
 
-    def _emit(self, stream: Stream, turn: int, frame: np.ndarray, outcome) -> None:
-        if outcome.emit:
-            self.frames += 1
-            self.codec.frame(stream.owner, stream.slot, turn, frame[1:])
-        if outcome.segment_done:
-            self.codec.end(stream.owner, stream.slot, turn, outcome.reason)
+    def _emit(self, emitted: list[tuple[Stream, int, np.ndarray, object]]) -> None:
+        """Frames (stream, turn, frame, outcome) to the codec worker: the emitted ones as one
+        queue item (one codec call for all of them), then the segment ends."""
+        frames = [(s.owner, s.slot, turn, frame[1:]) for s, turn, frame, outcome in emitted if outcome.emit]
+        self.frames += len(frames)
+        if frames:
+            self.codec.frames(frames)
+        for stream, turn, _, outcome in emitted:
+            if outcome.segment_done:
+                self.codec.end(stream.owner, stream.slot, turn, outcome.reason)
 
     # --- decode thread ----------------------------------------------------------------
 
@@ -406,10 +410,4 @@ class Engine:
                     emitted.append((stream, turn, frame, outcome))
             self.sched.step_read(batch)
             self._lock.notify_all()
-        frames = [(s.owner, s.slot, turn, frame[1:]) for s, turn, frame, outcome in emitted if outcome.emit]
-        self.frames += len(frames)
-        if frames:
-            self.codec.frames(frames)  # the step's frames as one item: one codec call for them
-        for stream, turn, _, outcome in emitted:
-            if outcome.segment_done:
-                self.codec.end(stream.owner, stream.slot, turn, outcome.reason)
+        self._emit(emitted)

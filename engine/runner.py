@@ -35,6 +35,7 @@ from torch import Tensor
 
 from engine.bundle import ModelBundle
 from engine.frame import decode_frame, new_window, push_window, sample_frame
+from engine.graphs import capture
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import FeedForward
 from engine.sampling import SamplingParams, SamplingTensors
@@ -309,8 +310,7 @@ class Runner:
         index = torch.tensor([s for s, _, _, _ in items] + [self.scratch_row] * pad +
                              [a + t.shape[1] for _, a, t, _ in items] + [0] * pad, dtype=torch.long)
         params = SamplingTensors.from_params([p for *_, p in items] + [SamplingParams()] * pad, "cpu")
-        if self.cuda:  # pinned copies: the caching host allocator keeps each buffer until its copy is done
-            index, params = index.pin_memory(), params.pin_memory()
+        index, params = self._staged(index), self._staged(params)
         with self._prefill_lock, self._on_prefill_stream():
             self._prefill_chunks([(s, a, t) for s, a, t, _ in items])  # leaves the heads in f's inputs
             f.slots.copy_(index[:batch], non_blocking=True)
@@ -343,8 +343,7 @@ class Runner:
                 [[s for s, _, _ in rows] + [self.scratch_row] * (batch - len(rows)),
                  [a + offset for _, a, _ in rows] + [0] * (batch - len(rows)),
                  take + [0] * (batch - len(rows))], dtype=torch.long)
-            if self.cuda:
-                tokens, meta = tokens.pin_memory(), meta.pin_memory()
+            tokens, meta = self._staged(tokens), self._staged(meta)
             g.tokens.copy_(tokens, non_blocking=True)
             g.slots.copy_(meta[0], non_blocking=True)
             g.starts.copy_(meta[1], non_blocking=True)
@@ -353,6 +352,11 @@ class Runner:
                 g.graph.replay()
             else:
                 self._chunk_body(g, self.first_graphs[batch])
+
+    def _staged(self, host):
+        """Host inputs of a non-blocking copy: pinned on a GPU (the caching host
+        allocator keeps each buffer until its copy is done), as they are on a CPU."""
+        return host.pin_memory() if self.cuda else host
 
     def _prefill_batch_for(self, n: int) -> int:
         return next(b for b in self.prefill_batches if b >= n)
@@ -375,12 +379,12 @@ class Runner:
         c, dev = self.config, self.device
         for b in self.prefill_batches:
             self.first_graphs[b] = _FirstFrameGraph(
-                    None,
-                    slots=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
-                    ends=torch.zeros(b, dtype=torch.long, device=dev),
-                    head=torch.zeros(b, c.num_semantic + 1, dtype=self.dtype, device=dev),
-                    fast_in=torch.zeros(b, c.fast_dim, dtype=self.dtype, device=dev),
-                    params=SamplingTensors.allocate(b, dev),
+                None,
+                slots=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
+                ends=torch.zeros(b, dtype=torch.long, device=dev),
+                head=torch.zeros(b, c.num_semantic + 1, dtype=self.dtype, device=dev),
+                fast_in=torch.zeros(b, c.fast_dim, dtype=self.dtype, device=dev),
+                params=SamplingTensors.allocate(b, dev),
                 out=torch.zeros(b, 1 + c.num_codebooks, dtype=torch.long, device=dev),
             )
         for b in self.prefill_batches:
@@ -399,22 +403,13 @@ class Runner:
         capture) and the first-frame graphs, all on the prefill stream in a pool of their
         own (a prefill may run while a decode graph runs). Warm-up and capture touch only
         the scratch row."""
-        pool = torch.cuda.graph_pool_handle()
-
-        def capture(body, *args):
-            for _ in range(2):  # warm-up: kernel compilation, allocator, cuBLAS handles
-                body(*args)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self.prefill_stream, capture_error_mode="thread_local"):
-                body(*args)
-            return graph
-
-        with torch.inference_mode(), torch.cuda.stream(self.prefill_stream):
-            for (b, t), g in sorted(self.chunk_graphs.items(), key=lambda kv: -kv[0][0] * kv[0][1]):
-                g.graph = capture(self._chunk_body, g, self.first_graphs[b])
+        pool, stream = torch.cuda.graph_pool_handle(), self.prefill_stream
+        with torch.inference_mode():
+            for (b, _), g in sorted(self.chunk_graphs.items(), key=lambda kv: -kv[0][0] * kv[0][1]):
+                g.graph, _ = capture(lambda: self._chunk_body(g, self.first_graphs[b]), stream, pool)
             for b in reversed(self.prefill_batches):
                 f = self.first_graphs[b]
-                f.graph = capture(self._first_body, f)
+                f.graph, _ = capture(lambda: self._first_body(f), stream, pool)
         torch.cuda.synchronize(self.device)
 
     def _check_room(self, start: int, length: int) -> None:
@@ -488,12 +483,7 @@ class Runner:
         with torch.inference_mode(), torch.cuda.stream(self.decode_stream):
             for bucket in reversed(self.buckets):
                 self.batch_slots.fill_(self.scratch_row)
-                for _ in range(2):  # warm-up: kernel compilation, allocator, cuBLAS handles
-                    self._step(bucket, self.max_len)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=self.decode_stream, capture_error_mode="thread_local"):
-                    self._step(bucket, self.max_len)
-                self.graphs[bucket] = graph
+                self.graphs[bucket], _ = capture(lambda: self._step(bucket, self.max_len), self.decode_stream, pool)
         torch.cuda.synchronize(self.device)
         self._last_slots = None
 

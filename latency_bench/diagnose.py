@@ -23,6 +23,7 @@ from engine.codec.streaming import StreamingDecoder
 from engine.engine import Engine, EngineConfig, StreamParams
 from engine.sampling import SamplingParams
 from engine.voice import VoiceInput
+from latency_bench.engine_bench import median_ms
 
 
 def _sync(dev):
@@ -66,14 +67,8 @@ def codec_graph_times(bundle, max_streams: int, repeats: int = 5) -> list[dict]:
         for b in worker.buckets:
             for n in CHUNKS:
                 codes = np.random.default_rng(0).integers(0, 1000, (b, worker.num_codebooks, n))
-                slots = list(range(b))
-                times = []
-                for _ in range(repeats + 1):
-                    t0 = time.perf_counter()
-                    worker._call(slots, codes)
-                    times.append(time.perf_counter() - t0)
-                out.append({"graphs": bool(worker._graphs), "batch": b, "frames": n,
-                            "ms": 1000 * statistics.median(times[1:])})
+                ms = median_ms(lambda: worker._call(list(range(b)), codes), bundle.device, repeats)
+                out.append({"graphs": bool(worker._graphs), "batch": b, "frames": n, "ms": ms})
     return out
 
 

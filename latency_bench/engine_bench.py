@@ -12,7 +12,6 @@ are on.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -68,40 +67,40 @@ def bench_decode(runner: Runner, batch: int, context: int, steps: int) -> dict:
             "stream_frames_per_s": steps / elapsed}
 
 
-def bench_prefill(runner: Runner, length: int, repeats: int = 5) -> dict:
-    c = runner.config
-    tokens = torch.zeros(1 + c.num_codebooks, length, dtype=torch.long)
-    tokens[0] = torch.randint(0, 200, (length,))
-    params = SamplingParams(temperature=0.7, seed=1)
-    runner.prefill_segment(0, 0, tokens, params)  # warm-up
+def median_ms(fn, device: torch.device, repeats: int = 5, warmups: int = 1) -> float:
+    """Median wall time of fn() in ms, each call started with the device idle."""
+    for _ in range(warmups):
+        fn()
     times = []
     for _ in range(repeats):
-        _sync(runner.device)
+        _sync(device)
         t0 = time.perf_counter()
-        runner.prefill_segment(0, 0, tokens, params)  # returns after the first frame is on the host
+        fn()
         times.append(time.perf_counter() - t0)
     times.sort()
-    return {"tokens": length, "ms": 1000 * times[len(times) // 2]}
+    return 1000 * times[len(times) // 2]
+
+
+def _segment_tokens(runner: Runner, length: int) -> torch.Tensor:
+    tokens = torch.zeros(1 + runner.config.num_codebooks, length, dtype=torch.long)
+    tokens[0] = torch.randint(0, 200, (length,))
+    return tokens
+
+
+def bench_prefill(runner: Runner, length: int, repeats: int = 5) -> dict:
+    tokens, params = _segment_tokens(runner, length), SamplingParams(temperature=0.7, seed=1)
+    # prefill_segment returns after the first frame is on the host
+    return {"tokens": length, "ms": median_ms(lambda: runner.prefill_segment(0, 0, tokens, params), runner.device, repeats)}
 
 
 def bench_segments(runner: Runner, batch: int, start: int = 340, length: int = 40, repeats: int = 5) -> dict:
     """What the service does when `batch` streams flush at once: a text segment of
     `length` tokens after a voice prefix of `start` positions, for each of them, in one
     batched prefill, to every first frame on the host."""
-    c = runner.config
-    tokens = torch.zeros(1 + c.num_codebooks, length, dtype=torch.long)
-    tokens[0] = torch.randint(0, 200, (length,))
-    params = SamplingParams(temperature=0.7, seed=1)
+    tokens, params = _segment_tokens(runner, length), SamplingParams(temperature=0.7, seed=1)
     items = [(slot, start, tokens, params) for slot in range(batch)]
-    runner.prefill_segments(items)  # warm-up
-    times = []
-    for _ in range(repeats):
-        _sync(runner.device)
-        t0 = time.perf_counter()
-        runner.prefill_segments(items)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"batch": batch, "start": start, "tokens": length, "ms": 1000 * times[len(times) // 2]}
+    ms = median_ms(lambda: runner.prefill_segments(items), runner.device, repeats)
+    return {"batch": batch, "start": start, "tokens": length, "ms": ms}
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,6 @@ import asyncio
 import gc
 import hmac
 import json
-import logging
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -39,9 +37,8 @@ from realtime.metrics import Metrics
 from realtime.oneshot import OneShotError, synthesize
 from realtime.services import Services
 from realtime.session import LiveSession, SessionError
+from realtime.stalls import StallSampler, watch_loop_lag
 from realtime.voices import VoiceStore, VoiceStoreError
-
-log = logging.getLogger("realtime.app")
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 MEDIA_TYPES = {"mp3": "audio/mpeg", "wav": "audio/wav", "opus": "audio/ogg", "pcm": "audio/L16"}
@@ -180,19 +177,14 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
         # what serving allocates.
         gc.collect()
         gc.freeze()
-        tasks = [asyncio.create_task(_watch_loop_lag(svc))]
-        sampler = None
-        if config.debug_stalls:
-            from realtime.stalls import StallSampler
-
-            sampler = StallSampler()
+        sampler = StallSampler() if config.debug_stalls else None
+        if sampler is not None:
             sampler.start()
-            tasks.append(asyncio.create_task(sampler.beat()))
+        watch = asyncio.create_task(watch_loop_lag(svc.metrics, sampler))
         try:
             yield
         finally:
-            for t in tasks:
-                t.cancel()
+            watch.cancel()
             if sampler is not None:
                 sampler.stop()
             await asyncio.get_running_loop().run_in_executor(None, engine.stop)
@@ -224,23 +216,6 @@ def uvicorn_options(config: ServiceConfig) -> dict:
         loop="uvloop", http="httptools", ws="websockets-sansio", ws_max_size=config.limits.max_message_bytes,
         ws_per_message_deflate=False,
     )
-
-
-async def _watch_loop_lag(svc: Services, period_s: float = 0.01, report_s: float = 5.0) -> None:
-    """How late the event loop wakes a 10 ms sleeper: every audio chunk, text message and
-    engine event waits that long. Kept on /metrics (worst of the last report period) and
-    logged when it passes 50 ms."""
-    worst, since = 0.0, time.perf_counter()
-    while True:
-        t = time.perf_counter()
-        await asyncio.sleep(period_s)
-        now = time.perf_counter()
-        worst = max(worst, now - t - period_s)
-        if now - since >= report_s:
-            svc.metrics.loop_lag_max_s = worst
-            if worst > 0.05:
-                log.warning("event loop lag up to %.0f ms in the last %.0f s", 1000 * worst, now - since)
-            worst, since = 0.0, now
 
 
 async def _read_body(request: Request, limits: P.Limits) -> tuple[object, bool]:

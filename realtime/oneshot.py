@@ -12,19 +12,19 @@ import numpy as np
 
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
+from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
 
 
 class _QueueSink:
-    def __init__(self, queue: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
-        self._queue, self._loop = queue, loop
+    """Engine callbacks -> an asyncio queue, through the loop's mailbox (as live sessions)."""
+
+    def __init__(self, queue: asyncio.Queue, mailbox: LoopMailbox) -> None:
+        self._queue, self._mailbox = queue, mailbox
 
     def _put(self, item) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:
-            pass
+        self._mailbox.post(self._queue.put_nowait, item)
 
     def on_ready(self, voice_cached: bool, prefill_ms: float) -> None:
         pass
@@ -65,7 +65,7 @@ async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
     voice = svc.resolve_voice(req)
     queue: asyncio.Queue = asyncio.Queue()
     try:
-        handle = svc.engine.open(voice, svc.stream_params(req), _QueueSink(queue, asyncio.get_running_loop()))
+        handle = svc.engine.open(voice, svc.stream_params(req), _QueueSink(queue, svc.mailbox()))
     except Refused as e:
         raise OneShotError(P.ErrorCode.BUSY, f"server busy: {e}") from None
     try:

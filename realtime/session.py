@@ -7,7 +7,7 @@ Turns: text accumulates into the current turn; `flush` (or `stop`) closes it and
 next text opens a new one. Each turn is cut into segments (realtime/segmenter.py) that
 the engine speaks in order. `cancel` drops every unfinished turn: from then on, no audio
 of those turns is sent. All methods run on the event loop; engine callbacks arrive from
-engine threads and are moved onto the loop with `call_soon_threadsafe`.
+engine threads and are moved onto the loop through its mailbox (realtime/mailbox.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
-"""Diagnosis of event-loop stalls (`--debug-stalls`): what the process was doing while
-the loop could not run.
+"""Event-loop stalls: how long (always), and what the process was doing meanwhile
+(`--debug-stalls`).
 
+- `watch_loop_lag` (a task on the loop, always on): how late the loop wakes a 10 ms
+  sleeper, the worst of every 5 s on /metrics and logged past 50 ms. It is also the
+  heartbeat the sampler below watches.
+
+With `--debug-stalls` (StallSampler):
 - GC pauses: `gc.callbacks` times every collection; pauses over 20 ms are counted by
   generation and logged with the worst one.
 - Stack samples: a watchdog thread samples every thread's stack each 5 ms while the
@@ -8,7 +13,7 @@ the loop could not run.
   (thread, innermost frames) seen during stalls. A thread stuck in C code that holds
   the GIL shows up as the watchdog missing its own samples (logged as "sampler late").
 
-Off by default: the sampling costs a little GIL time itself.
+The sampler is off by default: sampling costs a little GIL time itself.
 """
 
 from __future__ import annotations
@@ -48,12 +53,10 @@ class StallSampler:
             if pause > self.gc_worst[0]:
                 self.gc_worst = (pause, info["generation"])
 
-    async def beat(self) -> None:
-        """Runs on the loop: keeps the heartbeat fresh."""
+    def beat(self, now: float) -> None:
+        """Called on the loop (by watch_loop_lag) each time it wakes."""
         self._loop_thread = threading.get_ident()
-        while True:
-            self.heartbeat = time.perf_counter()
-            await asyncio.sleep(0.005)
+        self.heartbeat = now
 
     def _watch(self) -> None:
         last_report = last = time.perf_counter()
@@ -96,3 +99,24 @@ class StallSampler:
         self._stop.set()
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+
+
+async def watch_loop_lag(metrics, sampler: StallSampler | None = None, period_s: float = 0.01,
+                         report_s: float = 5.0) -> None:
+    """How late the event loop wakes a 10 ms sleeper: every audio chunk, text message and
+    engine event waits that long. Kept on `metrics.loop_lag_max_s` (worst of the last
+    report period) and logged when it passes 50 ms; each wake-up is the sampler's
+    heartbeat."""
+    worst, since = 0.0, time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period_s)
+        now = time.perf_counter()
+        if sampler is not None:
+            sampler.beat(now)
+        worst = max(worst, now - t - period_s)
+        if now - since >= report_s:
+            metrics.loop_lag_max_s = worst
+            if worst > 0.05:
+                log.warning("event loop lag up to %.0f ms in the last %.0f s", 1000 * worst, now - since)
+            worst, since = 0.0, now

@@ -28,26 +28,28 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$out/gpu.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
 cat "$out/gpu.txt"
+# every test that needs the GPU (compiled kernels, CUDA graphs), and the FP8 ones
+gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py)
+fp8_tests=(tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py)
 # random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
 case "$part" in
 tests)
-    timeout 540 python3 -m pytest -q -x tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 540 python3 -m pytest -q -x "${gpu_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
     ;;
 tests+engine)
-    timeout 200 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 200 python3 -m pytest -q "${gpu_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
     timeout 330 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,4,16,32,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 100,300,1000 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     ;;
 quick)
-    timeout 90 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 90 python3 -m pytest -q "${gpu_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
     timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     timeout 60 python3 -m latency_bench.qk_rope_bench --out "$out/qk_rope" 2>&1 | tee "$out/qk_rope_bench.log"
     ;;
 survey)
-    timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py \
-        tests/test_chunked_prefill.py tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py 2>&1 | tee "$out/gpu_tests.log"
+    timeout 150 python3 -m pytest -q "${gpu_tests[@]}" "${fp8_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
     timeout 120 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out" 2>&1 | tee "$out/engine_bench.log"
     timeout 60 python3 -m latency_bench.diagnose --model s2-pro --device cuda --codec-batch 1,16,64 --codec-frames 1,4 \
@@ -81,8 +83,7 @@ reference)
     # the frozen-reference run: GPU tests, load sweep (with per-turn timing) and the naive
     # baseline; the files worth keeping are copied flat into $out (8 files come back)
     work=/tmp/reference; rm -rf "$work"; mkdir -p "$work"
-    timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py \
-        tests/test_chunked_prefill.py tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py 2>&1 \
+    timeout 150 python3 -m pytest -q "${gpu_tests[@]}" "${fp8_tests[@]}" 2>&1 \
         | tail -15 > "$out/gpu_tests.log"; cat "$out/gpu_tests.log"
     timeout 240 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,32,64 --server-arg=--max-len=1536 \
         --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/load.log"
@@ -94,8 +95,7 @@ reference)
     cp "$work/naive/results.json" "$out/naive.json"
     ;;
 fp8)
-    timeout 240 python3 -m pytest -q tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py \
-        2>&1 | tee "$out/fp8_tests.log"
+    timeout 240 python3 -m pytest -q "${fp8_tests[@]}" 2>&1 | tee "$out/fp8_tests.log"
     timeout 300 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | tee "$out/kernel_bench.log"
     ;;
 profile)

@@ -58,18 +58,14 @@ class Recorder:
 
 def tap_frames(engine):
     """Record each stream's code frames on their way to the codec (a spy on the real worker)."""
-    forward, forward_step = engine.codec.frame, engine.codec.frames
-
-    def frame(owner, slot, turn, codes):
-        owner.sink.frames.append(np.array(codes))
-        forward(owner, slot, turn, codes)
+    forward = engine.codec.frames
 
     def frames(items):
         for owner, _, _, codes in items:
             owner.sink.frames.append(np.array(codes))
-        forward_step(items)
+        forward(items)
 
-    engine.codec.frame, engine.codec.frames = frame, frames
+    engine.codec.frames = frames
 
 
 def alone(bundle, text, n):

@@ -120,7 +120,7 @@ def test_codec_graphs_give_the_eager_audio():
         for t in range(max(lengths.values())):
             for s, codes in frames.items():
                 if t < len(codes):
-                    worker.frame(listeners[s], s, 1, codes[t])
+                    worker.frames([(listeners[s], s, 1, codes[t])])
         for s in frames:
             worker.end(listeners[s], s, 1, "end")
         worker.start()

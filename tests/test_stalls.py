@@ -7,7 +7,8 @@ import logging
 import time
 
 from realtime.config import parse_args
-from realtime.stalls import StallSampler
+from realtime.metrics import Metrics
+from realtime.stalls import StallSampler, watch_loop_lag
 
 
 def block_the_loop_for(seconds: float) -> None:
@@ -20,7 +21,7 @@ def test_a_blocked_loop_is_reported_with_its_stack(caplog):
     async def main():
         sampler = StallSampler(report_s=0.5)
         sampler.start()
-        beat = asyncio.get_running_loop().create_task(sampler.beat())
+        beat = asyncio.get_running_loop().create_task(watch_loop_lag(Metrics(), sampler))
         await asyncio.sleep(0.05)
         block_the_loop_for(0.3)
         await asyncio.sleep(0.7)
