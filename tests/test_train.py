@@ -24,6 +24,7 @@ from engine.codec.config import CodecConfig
 from engine.codec.model import Codec
 from engine.config import ModelConfig
 from engine.tokenizer import TinyLayout
+from engine.text import normalize_text
 from engine.train import checkpoints
 from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_
 from engine.train.codec_losses import ReconstructionLoss
@@ -236,6 +237,52 @@ def test_codec_training_step_lowers_the_loss_on_a_fixed_batch():
     assert history[-1][0] < 0.9 * history[0][0] and history[-1][1] < history[0][1]
 
 
+def test_phone_targets_drop_what_has_no_sound():
+    from engine.train.phone_targets import phone_sequence, silent_ids
+
+    id_map = {"_": [0], "^": [1], "$": [2], " ": [3], ",": [8], ".": [10], "a": [14], "b": [15], "\u02c8": [120]}
+    piper_ids = [1, 0, 120, 0, 14, 0, 3, 0, 15, 0, 8, 0, 14, 0, 10, 0, 2]  # ^ _ ˈ _ a _ ' ' _ b _ , _ a _ . _ $
+    assert phone_sequence(piper_ids, silent_ids(id_map)) == [14, 15, 14]
+
+
+def _phone_data(n: int = 6, seed: int = 0):
+    """An AudioSet-like set of tones with made-up phone targets (whole utterances)."""
+    from types import SimpleNamespace
+
+    from engine.train.audio_data import Utterance
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(8, 20, n) * CODEC.hop_length
+    audio = (rng.standard_normal(int(lengths.sum())) * 0.1 * 32767).astype(np.int16)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    utts = [Utterance(f"u{i}", 0, "x", "train", int(s), int(n_), [int(v) for v in rng.integers(1, 30, 4)])
+            for i, (s, n_) in enumerate(zip(starts, lengths))]
+    return SimpleNamespace(utterances=utts, waveform=lambda u: audio[u.start : u.start + u.samples] / 32767.0)
+
+
+def test_phone_head_learns_phones_from_the_semantic_codebook_and_is_not_exported():
+    from engine.train.audio_data import UtteranceSampler
+
+    trainer = _codec_trainer()
+    trainer.add_phone_head(32)
+    sampler = UtteranceSampler(_phone_data(), 20 * CODEC.hop_length, CODEC.hop_length, "cpu")
+    x, frames, targets, lengths = sampler.batch(4)
+    assert x.shape[0] == 4 and x.shape[1] % CODEC.hop_length == 0 and int(lengths.sum()) == targets.numel()
+    log_probs = trainer.phone_log_probs(x)
+    assert log_probs.shape[:2] == (x.shape[1] // CODEC.hop_length, 4)
+    opt = torch.optim.AdamW(trainer.parameters(), lr=3e-3)
+    history = []
+    for _ in range(8):
+        loss = torch.nn.functional.ctc_loss(trainer.phone_log_probs(x), targets, frames, lengths, zero_infinity=True)
+        opt.zero_grad()
+        loss.backward()
+        assert trainer.codec.encoder.parameters().__next__().grad is not None  # it shapes the encoder
+        opt.step()
+        history.append(float(loss.detach()))
+    assert np.isfinite(history).all() and history[-1] < history[0]
+    assert not any("phone" in k for k in trainer.codec.state_dict())  # the exported codec has no head
+
+
 def test_codec_export_loads_and_decodes_like_training(tmp_path: Path):
     from engine.codec.loader import load_codec
     from engine.train.codec_train import export
@@ -341,6 +388,63 @@ def test_model_training_step_lowers_the_loss_on_a_fixed_batch():
         opt.step()
         history.append(float(out.loss.detach()))
     assert history[-1] < history[0] - 0.1
+
+
+def test_alignment_targets_point_at_each_turns_text():
+    """align[0:2] is the span of the turn's text tokens, align[2] runs 0..1 over its frames."""
+    config = tiny_model_config()
+    builder = SequenceBuilder(fake_codes(), tokenizer(), config, SequenceConfig(max_tokens=300))
+    seq = builder.build([0], [1, 2])
+    guided = seq.align[1] > 0
+    assert torch.equal(guided, seq.fast[0] != IGNORE)  # exactly the positions that predict a frame
+    for start in seq.align[0][guided].unique().tolist():
+        turn = guided & (seq.align[0] == start)
+        n_text = int(seq.align[1][turn][0])
+        ids = seq.tokens[0, int(start) : int(start) + n_text]
+        assert any(torch.equal(ids, builder.prompts.text(normalize_text(builder.data.texts[i]))[0]) for i in (1, 2))
+        progress = seq.align[2][turn]
+        assert progress[0] == 0 and torch.all(progress.diff() > 0) and progress[-1] < 1
+
+
+def test_guided_attention_loss_is_low_on_the_diagonal_and_high_off_it():
+    from engine.train.lm_forward import guided_attention_loss
+
+    s, text0, n_text = 40, 2, 10  # text at positions 2..11, frames predicted at 12..39
+    align = torch.zeros(1, 3, s)
+    align[0, 0, 12:], align[0, 1, 12:] = text0, n_text
+    align[0, 2, 12:] = torch.arange(28) / 28
+
+    def keys_at(targets):  # q/k making each guided query attend sharply to one key
+        k = torch.eye(s)[None] * 30.0
+        q = torch.zeros(1, s, s)
+        q[0, torch.arange(s), torch.as_tensor(targets)] = 30.0
+        return q, k
+
+    diagonal = [min(t, text0 + int(align[0, 2, t] * n_text)) if t >= 12 else t for t in range(s)]
+    previous = [max(t - 1, 0) for t in range(s)]  # the previous frame: outside the text
+    low = guided_attention_loss(*keys_at(diagonal), align, 0.2)
+    high = guided_attention_loss(*keys_at(previous), align, 0.2)
+    assert float(low) < 0.1 and float(high) > 0.9
+    assert float(guided_attention_loss(*keys_at(previous), torch.zeros(1, 3, s), 0.2)) == 0.0  # no guide
+
+
+def test_model_training_with_the_guide_lowers_both_losses():
+    from engine.model import DualARModel
+
+    config = tiny_model_config()
+    model = init_weights_(DualARModel(config))
+    builder = SequenceBuilder(fake_codes(), tokenizer(), config, SequenceConfig(max_tokens=300))
+    batch = collate([builder.sample() for _ in range(3)])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = last = None
+    for _ in range(8):
+        out = losses(model, batch, guide_weight=1.0, guide_layers=(0, 1))
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        last = (float(out.slow.detach()), float(out.guide))
+        first = first or last
+    assert 0 < first[1] <= 1 and last[0] < first[0] and last[1] < first[1]
 
 
 def test_checkpoints_round_trip_parameters_and_moments(tmp_path: Path):

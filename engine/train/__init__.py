@@ -3,9 +3,10 @@ small DualAR model, from teacher data the project makes itself (scripts/voice/RE
 
 data:      corpus (Jane Austen sentences, Debian's r-cran-janeaustenr; rdata reads it),
            phonemes (espeak-ng), teacher (Piper via onnxruntime), speakers (pseudo-speakers),
-           datagen (Ogg Opus shards + manifest), opus_io, resample, audio_data
-codec:     codec_forward (straight-through VQ), codec_losses, codec_train (train/export/encode)
-model:     lm_data (S2 prompt sequences), lm_forward (batched training forward), lm_train
+           datagen (Ogg Opus shards + manifest), opus_io, resample, audio_data,
+           phone_targets (the codec's CTC targets from the phonemes)
+codec:     codec_forward (straight-through VQ, CTC phone head), codec_losses, codec_train (train/export/encode)
+model:     lm_data (S2 prompt sequences), lm_forward (batched training forward, guided attention), lm_train
 shared:    presets (the voice's shapes), schedule, checkpoints, export (checkpoint folder)
 quality:   evaluate (pocketsphinx WER, speaker similarity, CPU speed)
 

@@ -21,6 +21,7 @@ class Utterance:
     split: str
     start: int  # into AudioSet.audio
     samples: int
+    phones: list[int] | None = None  # CTC targets (phone_targets.py), when the folder has them
 
 
 def read_manifest(folder: Path) -> list[dict]:
@@ -43,7 +44,10 @@ class AudioSet:
 
     def __init__(self, folders: list[Path], rate: int, splits: tuple[str, ...] = ("train",),
                  workers: int = 1) -> None:
+        from engine.train.phone_targets import read_targets
+
         rows = [(folder, row) for folder in folders for row in read_manifest(folder) if row["split"] in splits]
+        phones = {folder: read_targets(folder) for folder in folders}
         shards = sorted({(str(folder / row["shard"]), row["rate"]) for folder, row in rows})
         if any(r != rate for _, r in shards):
             raise ValueError(f"shards were made at {shards[0][1]} Hz; the codec runs at {rate} Hz")
@@ -62,7 +66,9 @@ class AudioSet:
         for folder, row in rows:
             start = base[str(folder / row["shard"])] + row["start"]
             samples = min(row["samples"], self.audio.size - start)
-            self.utterances.append(Utterance(row["id"], row["speaker"], row["text"], row["split"], start, samples))
+            targets = phones[folder].get(row["id"]) if phones[folder] else None
+            self.utterances.append(Utterance(row["id"], row["speaker"], row["text"], row["split"], start, samples,
+                                             targets))
 
     @property
     def seconds(self) -> float:
@@ -99,3 +105,28 @@ class CropSampler:
         # random level, so that references recorded louder or softer encode alike
         gain = 10 ** ((torch.rand(size, 1, device=self.device, generator=self.gen) * 2 - 1) * self.gain_db / 20)
         return (x * gain).clamp(-1, 1)
+
+
+class UtteranceSampler:
+    """Random whole utterances with their phone targets (for the codec's CTC loss): crops
+    would cut phones whose place in the audio is unknown. Utterances up to `max_samples`,
+    zero-padded at the end to the longest of the batch (a multiple of `hop`)."""
+
+    def __init__(self, data: AudioSet, max_samples: int, hop: int, device: torch.device | str, seed: int = 0) -> None:
+        self.items = [u for u in data.utterances if u.phones and u.samples <= max_samples]
+        if not self.items:
+            raise ValueError("no utterance has phone targets (phones.json) within the length limit")
+        self.data, self.hop, self.device = data, hop, device
+        self.rng = np.random.default_rng(seed)
+
+    def batch(self, size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(audio [B, T], frames [B], targets [sum of lengths], target lengths [B])."""
+        picked = [self.items[i] for i in self.rng.integers(0, len(self.items), size)]
+        length = -(-max(u.samples for u in picked) // self.hop) * self.hop
+        x = np.zeros((size, length), np.float32)
+        for j, u in enumerate(picked):
+            x[j, : u.samples] = self.data.waveform(u)
+        frames = torch.tensor([-(-u.samples // self.hop) for u in picked])
+        targets = torch.tensor([i for u in picked for i in u.phones])
+        lengths = torch.tensor([len(u.phones) for u in picked])
+        return torch.from_numpy(x).to(self.device), frames, targets, lengths

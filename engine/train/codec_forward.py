@@ -117,6 +117,19 @@ class CodecTrainer(nn.Module):
         self._latents: list[Tensor | None] = [None] * len(vqs)
         self.steps = 0
 
+    def add_phone_head(self, classes: int) -> None:
+        """A linear CTC head over the quantized semantic latent (phone_targets.py says why);
+        training only: the exported codec is `self.codec`, without it."""
+        self.phone_head = nn.Linear(self.codec.quantizer.semantic_quantizer.quantizers[0].out_proj.out_channels, classes)
+
+    def phone_log_probs(self, audio: Tensor) -> Tensor:
+        """audio [B, T] -> log-probabilities [frames, B, classes] (F.ctc_loss's layout) from
+        the semantic codebook's straight-through quantized latent alone."""
+        q = self.codec.quantizer
+        z = q.pre_module(q.downsample(self.codec.encoder(audio[:, None])))
+        zq = _quantize(self.vqs()[0], z)[1]  # [B, D, frames]
+        return self.phone_head(zq.mT.float()).log_softmax(-1).transpose(0, 1)
+
     def vqs(self) -> list[VectorQuantizer]:
         q = self.codec.quantizer
         return [*q.semantic_quantizer.quantizers, *q.quantizer.quantizers]

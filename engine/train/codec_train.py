@@ -61,6 +61,11 @@ class CodecTrainConfig:
     spread_weight: float = 1.0  # keeps the VQ latents' directions spread (no common component)
     grad_clip: float = 10.0
     seed: int = 0
+    # CTC on the semantic codebook (phone_targets.py): 0 turns it off; used when the data
+    # folder has phones.json. Whole utterances up to phone_max_seconds, phone_batch a step.
+    phone_weight: float = 2.0
+    phone_batch: int = 16
+    phone_max_seconds: float = 6.0
 
 
 def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
@@ -87,7 +92,8 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
           moments: bool = True, log_every: int = 50, total_minutes: float | None = None) -> dict:
     """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
     planned over `total_minutes` of training (all calls; default: this call's minutes)."""
-    from engine.train.audio_data import AudioSet, CropSampler
+    from engine.train.audio_data import AudioSet, CropSampler, UtteranceSampler
+    from engine.train.phone_targets import BLANK, NUM_CLASSES
 
     t_start = time.perf_counter()
     trained_minutes = 0.0
@@ -103,6 +109,9 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         trained_minutes = saved.get("trained_minutes", 0.0)
         total_minutes = total_minutes or saved.get("total_minutes")
     trainer = build(config, device, cfg)
+    if cfg.phone_weight > 0:  # before the optimizer, which must hold its parameters
+        trainer.add_phone_head(NUM_CLASSES)
+        trainer.phone_head.to(device)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.0,
                                   fused=device.startswith("cuda"))
     step, rewarm = 0, None
@@ -116,6 +125,14 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
           f"{time.perf_counter() - t_start:.0f} s", file=sys.stderr, flush=True)
     segment = int(cfg.segment_seconds * config.sample_rate) // config.hop_length * config.hop_length
     sampler = CropSampler(audio, segment, device, seed=cfg.seed + step)
+    phones = None
+    if cfg.phone_weight > 0:
+        if any(u.phones for u in audio.utterances):
+            phones = UtteranceSampler(audio, int(cfg.phone_max_seconds * config.sample_rate), config.hop_length,
+                                      device, seed=cfg.seed + step)
+        else:
+            print("no phones.json in the data: the semantic codebook trains without phone targets",
+                  file=sys.stderr)
     losses = ReconstructionLoss(config.sample_rate).to(device)
     if step == 0:  # a fresh codec: codebooks from the data (one larger batch of latents)
         trainer.seed_codebooks(sampler.batch(max(cfg.batch, 64)))
@@ -132,6 +149,12 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
             group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         x = sampler.batch(cfg.batch)
         terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight)
+        if phones is not None:
+            audio_p, frames, targets, lengths = phones.batch(cfg.phone_batch)
+            terms["phone"] = torch.nn.functional.ctc_loss(
+                trainer.phone_log_probs(audio_p), targets.to(device), frames, lengths, blank=BLANK,
+                zero_infinity=True)  # an utterance too fast for its frames counts 0, not inf
+            terms["loss"] = terms["loss"] + cfg.phone_weight * terms["phone"]
         optimizer.zero_grad(set_to_none=True)
         terms["loss"].backward()
         grad = torch.nn.utils.clip_grad_norm_(trainer.parameters(), cfg.grad_clip)

@@ -14,6 +14,10 @@ Targets, aligned with the tokens [1 + C, L]:
                  frame's semantic code (0..S-1) or S for <|im_end|> (the head the engine
                  samples: semantic rows + end); -100 elsewhere.
   fast [C, L]:   the codes of that next frame (row 0 = its semantic code), -100 elsewhere.
+  align [3, L]:  for the guided-attention loss (lm_forward.guided_attention_loss): at each
+                 position that predicts a frame of an assistant turn, the first position and
+                 the length of that turn's text, and how far through the turn's frames the
+                 position is (0..1); zeros elsewhere (length 0: no guide).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from torch import Tensor
 
 from engine.config import ModelConfig
 from engine.prompt import PromptBuilder, Reference, Voice
-from engine.tokenizer import TextTokenizer
+from engine.text import normalize_text
+from engine.tokenizer import IM_START, TextTokenizer
 
 IGNORE = -100
 
@@ -78,6 +83,7 @@ class Sequence:
     tokens: Tensor  # [1 + C, L]
     slow: Tensor  # [L]
     fast: Tensor  # [C, L]
+    align: Tensor  # [3, L] float: text start, text length, progress through the frames
 
 
 @dataclass
@@ -130,7 +136,9 @@ class SequenceBuilder:
         pieces = [p.voice_prefix(voice)]
         slow = [torch.full((pieces[0].shape[1],), IGNORE)]
         fast = [torch.full((c.num_codebooks, pieces[0].shape[1]), IGNORE)]
+        align = [torch.zeros(3, pieces[0].shape[1])]
         length = pieces[0].shape[1]
+        text_offset = p.text(f"{IM_START}user\n").shape[1]  # where a segment's text starts
         for k, i in enumerate(turns):
             seg, codes, end = p.segment(self.data.texts[i]), self.data.utterance(i), p.segment_end()
             n = codes.shape[1]
@@ -143,15 +151,20 @@ class SequenceBuilder:
             s[v : v + n] = codes[0]
             s[v + n] = c.num_semantic  # the last frame predicts <|im_end|>
             f[:, v : v + n] = codes
+            a = torch.zeros(3, turn.shape[1])
+            a[0, v : v + n] = length + text_offset
+            a[1, v : v + n] = p.text(normalize_text(self.data.texts[i])).shape[1]
+            a[2, v : v + n] = torch.arange(n) / n
             pieces.append(turn)
             slow.append(s)
             fast.append(f)
+            align.append(a)
             length += turn.shape[1]
-        tokens, slow_t, fast_t = torch.cat(pieces, 1), torch.cat(slow), torch.cat(fast, 1)
+        tokens, slow_t, fast_t, align_t = torch.cat(pieces, 1), torch.cat(slow), torch.cat(fast, 1), torch.cat(align, 1)
         if tokens.shape[1] > self.cfg.max_tokens:  # a single over-long turn: cut (its end unseen)
-            tokens, slow_t, fast_t = (tokens[:, : self.cfg.max_tokens], slow_t[: self.cfg.max_tokens],
-                                      fast_t[:, : self.cfg.max_tokens])
-        return Sequence(tokens, slow_t, fast_t)
+            m = self.cfg.max_tokens
+            tokens, slow_t, fast_t, align_t = tokens[:, :m], slow_t[:m], fast_t[:, :m], align_t[:, :m]
+        return Sequence(tokens, slow_t, fast_t, align_t)
 
 
 @dataclass
@@ -159,12 +172,13 @@ class Batch:
     tokens: Tensor  # [B, 1 + C, L]
     slow: Tensor  # [B, L]
     fast: Tensor  # [B, C, L]
+    align: Tensor  # [B, 3, L]
 
     def to(self, device, non_blocking: bool = True) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.tokens, self.slow, self.fast)))
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.tokens, self.slow, self.fast, self.align)))
 
     def pin_memory(self) -> "Batch":  # called by the DataLoader with pin_memory=True
-        return Batch(*(t.pin_memory() for t in (self.tokens, self.slow, self.fast)))
+        return Batch(*(t.pin_memory() for t in (self.tokens, self.slow, self.fast, self.align)))
 
 
 def collate(seqs: list[Sequence], pad_to: int = 64) -> Batch:
@@ -176,10 +190,11 @@ def collate(seqs: list[Sequence], pad_to: int = 64) -> Batch:
     tokens = torch.zeros(b, rows, length, dtype=torch.long)
     slow = torch.full((b, length), IGNORE, dtype=torch.long)
     fast = torch.full((b, rows - 1, length), IGNORE, dtype=torch.long)
+    align = torch.zeros(b, 3, length)
     for j, s in enumerate(seqs):
         n = s.tokens.shape[1]
-        tokens[j, :, :n], slow[j, :n], fast[j, :, :n] = s.tokens, s.slow, s.fast
-    return Batch(tokens, slow, fast)
+        tokens[j, :, :n], slow[j, :n], fast[j, :, :n], align[j, :, :n] = s.tokens, s.slow, s.fast, s.align
+    return Batch(tokens, slow, fast, align)
 
 
 def batches(builder: SequenceBuilder, batch_tokens: int, pool: int = 256):

@@ -22,10 +22,12 @@ from engine.model import DualARModel
 from engine.train.lm_data import IGNORE, Batch
 
 
-def block_forward(block: TransformerBlock, x: Tensor, cos_sin: Tensor, dropout: float = 0.0) -> Tensor:
+def block_forward(block: TransformerBlock, x: Tensor, cos_sin: Tensor, dropout: float = 0.0,
+                  guide: "Guide | None" = None) -> Tensor:
     """One pre-norm block, causal over the sequence. x: [B, S, D]; cos_sin: [1 or B, S, Dh/2, 2].
     `dropout` (training only) drops residual-branch outputs: a few hours of data are seen
-    dozens of times in a run, and the engine's blocks have no dropout of their own."""
+    dozens of times in a run, and the engine's blocks have no dropout of their own.
+    `guide`: this block's guided-attention loss is appended to guide.losses."""
     a = block.attention
     b, s, _ = x.shape
     q_size = a.n_head * a.head_dim
@@ -33,17 +35,61 @@ def block_forward(block: TransformerBlock, x: Tensor, cos_sin: Tensor, dropout: 
     if a.n_kv_head != a.n_head:  # GQA: repeat keys/values (flash attention takes equal heads)
         k = k.repeat_interleave(a.n_head // a.n_kv_head, dim=2)
         v = v.repeat_interleave(a.n_head // a.n_kv_head, dim=2)
+    if guide is not None:
+        guide.losses.append(guided_attention_loss(q[:, :, guide.head], k[:, :, guide.head], guide.align, guide.sigma))
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
     h = x + F.dropout(a.wo(y.transpose(1, 2).reshape(b, s, q_size)), dropout, dropout > 0)
     return h + F.dropout(block.feed_forward(block.ffn_norm(h)), dropout, dropout > 0)
 
 
-def slow_hidden(model: DualARModel, tokens: Tensor, dropout: float = 0.0) -> Tensor:
+# --- guided attention ------------------------------------------------------------------------
+#
+# With a few hours of speech a decoder-only model memorizes the training sentences before
+# it learns to read: measured on the first full run, held-out semantic accuracy stayed at
+# 0.07 while the training accuracy climbed to 0.97, and the output was fluent babble (WER
+# 0.98). The guided-attention loss of DCTTS (Tachibana et al., 2017) gives the alignment a
+# prior: one head in a few slow layers is pushed to attend, from the k-th of a turn's T
+# frames, to the text near k/T of the way through that turn's N text tokens. Training
+# only: the served model is the same DualAR model, its heads free to use what they learned.
+
+@dataclass
+class Guide:
+    align: Tensor  # [B, 3, L] from lm_data (text start, text length, progress)
+    head: int = 0
+    sigma: float = 0.2
+    losses: list = None  # filled by block_forward
+
+    def __post_init__(self) -> None:
+        self.losses = []
+
+
+def guided_attention_loss(q: Tensor, k: Tensor, align: Tensor, sigma: float) -> Tensor:
+    """q, k: [B, S, Dh] of one head (after RoPE); align [B, 3, S]. The mean, over the
+    positions with a guide, of the attention mass that falls outside a Gaussian band around
+    the diagonal: sum_j P[t, j] * W[t, j], W = 1 - exp(-(rel_j - progress_t)^2 / 2 sigma^2)
+    on the turn's text and 1 on every other key (previous frames, prompt)."""
+    start, length, progress = align[:, 0], align[:, 1], align[:, 2]  # [B, S]
+    rows = length > 0
+    if not rows.any():
+        return q.new_zeros((), dtype=torch.float)
+    s = q.shape[1]
+    scores = (q.float() @ k.float().transpose(1, 2)) * q.shape[-1] ** -0.5  # [B, S, S]
+    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    attn = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    keys = torch.arange(s, device=q.device, dtype=torch.float)
+    rel = (keys[None, None] - start[..., None]) / length.clamp(min=1)[..., None]  # [B, S, S]
+    near = torch.exp(-((rel - progress[..., None]) ** 2) / (2 * sigma**2))
+    weight = torch.where((rel >= 0) & (rel < 1), 1 - near, torch.ones_like(near))
+    return (attn * weight).sum(-1)[rows].mean()
+
+
+def slow_hidden(model: DualARModel, tokens: Tensor, dropout: float = 0.0, guide: Guide | None = None,
+                guide_layers: tuple = ()) -> Tensor:
     """tokens [B, 1 + C, L] -> last-layer hidden [B, L, D] (before the final norm)."""
     x = model.embed(tokens)
     cos_sin = model.rope[: tokens.shape[-1]][None]
-    for layer in model.layers:
-        x = block_forward(layer, x, cos_sin, dropout)
+    for i, layer in enumerate(model.layers):
+        x = block_forward(layer, x, cos_sin, dropout, guide if i in guide_layers else None)
     return x
 
 
@@ -84,12 +130,16 @@ class LossOut:
     per_codebook: Tensor  # [C - 1]
     slow_accuracy: Tensor
     end_accuracy: Tensor  # share of <|im_end|> targets predicted (argmax)
+    guide: Tensor  # mean guided-attention loss over the guided layers (0 without)
 
 
 def losses(model: DualARModel, batch: Batch, fast_weight: float = 1.0, max_fast_rows: int | None = None,
-           dropout: float = 0.0) -> LossOut:
+           dropout: float = 0.0, guide_weight: float = 0.0, guide_layers: tuple = (), guide_sigma: float = 0.2
+           ) -> LossOut:
     c = model.config
-    h = slow_hidden(model, batch.tokens, dropout)
+    guide = Guide(batch.align, sigma=guide_sigma) if guide_layers else None
+    h = slow_hidden(model, batch.tokens, dropout, guide, tuple(guide_layers))
+    guide_loss = torch.stack(guide.losses).mean() if guide and guide.losses else h.new_zeros((), dtype=torch.float)
     mask = batch.slow != IGNORE  # [B, L]
     logits, fast_in = heads(model, h[mask])
     target = batch.slow[mask]
@@ -106,7 +156,8 @@ def losses(model: DualARModel, batch: Batch, fast_weight: float = 1.0, max_fast_
         pred = logits.argmax(-1)
         end = target == c.num_semantic
         end_acc = (pred[end] == c.num_semantic).float().mean() if end.any() else pred.new_zeros((), dtype=torch.float)
-    return LossOut(slow + fast_weight * fast, slow, fast, per.detach(), (pred == target).float().mean(), end_acc)
+    return LossOut(slow + fast_weight * fast + guide_weight * guide_loss, slow, fast, per.detach(),
+                   (pred == target).float().mean(), end_acc, guide_loss.detach())
 
 
 def init_weights_(model: DualARModel, seed: int = 0, std: float = 0.02) -> DualARModel:

@@ -45,6 +45,10 @@ class LMTrainConfig:
     max_fast_rows: int = 65_536
     loader_workers: int = 4
     dropout: float = 0.1
+    # guided attention (lm_forward.guided_attention_loss): weight 0 turns it off
+    guide_weight: float = 1.0
+    guide_layers: tuple = (1, 2, 3)
+    guide_sigma: float = 0.2
     seed: int = 0
 
 
@@ -58,13 +62,14 @@ def build_model(config: ModelConfig, device: str, seed: int) -> DualARModel:
 
 
 @torch.no_grad()
-def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool) -> dict:
+def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool, cfg: "LMTrainConfig | None" = None) -> dict:
     model.eval()
-    totals = {"slow": 0.0, "fast": 0.0, "slow_accuracy": 0.0, "end_accuracy": 0.0}
+    totals = {"slow": 0.0, "fast": 0.0, "slow_accuracy": 0.0, "end_accuracy": 0.0, "guide": 0.0}
+    layers = tuple(cfg.guide_layers) if cfg else ()
     for i in range(0, len(seqs), 8):
         batch = collate(seqs[i : i + 8]).to(device)
         with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-            out = losses(model, batch)
+            out = losses(model, batch, guide_layers=layers, guide_sigma=cfg.guide_sigma if cfg else 0.2)
         for k in totals:
             totals[k] += float(getattr(out, k)) * len(seqs[i : i + 8]) / len(seqs)
     model.train()
@@ -73,7 +78,8 @@ def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool) -> dic
 
 def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTrainConfig, config: ModelConfig,
           layout: TinyLayout, device: str, max_steps: int | None = None, moments: bool = False,
-          log_every: int = 50, eval_every: int = 500, total_minutes: float | None = None) -> dict:
+          log_every: int = 50, eval_every: int = 500, total_minutes: float | None = None,
+          keep_best: bool = False) -> dict:
     """Trains for `minutes` of wall clock (this call), on a schedule planned over
     `total_minutes` of training (all calls; default: this call's minutes)."""
     t_start = time.perf_counter()
@@ -114,12 +120,14 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
     clock = Clock(total_minutes or minutes, trained_minutes)
     model.train()
     tokens_seen = 0
+    best = None  # (test_slow, step, parameters on the CPU) of the best held-out evaluation
     while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         batch = next(loader).to(device)
         with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
-            result = losses(model, batch, cfg.fast_weight, cfg.max_fast_rows, cfg.dropout)
+            result = losses(model, batch, cfg.fast_weight, cfg.max_fast_rows, cfg.dropout,
+                            cfg.guide_weight, tuple(cfg.guide_layers) if cfg.guide_weight else (), cfg.guide_sigma)
         optimizer.zero_grad(set_to_none=True)
         result.loss.backward()
         grad = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -128,14 +136,17 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
         tokens_seen += batch.tokens.shape[0] * batch.tokens.shape[-1]
         if step % log_every == 0 or step == 1:
             dt = time.perf_counter() - t_log
-            row = {"step": step, **{k: round(float(getattr(result, k).detach()), 4) for k in ("loss", "slow", "fast")},
+            row = {"step": step, **{k: round(float(getattr(result, k).detach()), 4) for k in ("loss", "slow", "fast", "guide")},
                    "per_codebook": [round(v, 3) for v in result.per_codebook.tolist()],
                    "slow_accuracy": round(float(result.slow_accuracy), 4),
                    "end_accuracy": round(float(result.end_accuracy), 4),
                    "lr": optimizer.param_groups[0]["lr"], "grad": round(float(grad), 3),
                    "tokens_per_s": round(tokens_seen / dt), "minutes": round(clock.minutes, 2)}
             if step % eval_every == 0:
-                row.update(held_out_loss(model, test_seqs, device, cuda))
+                row.update(held_out_loss(model, test_seqs, device, cuda, cfg))
+                if keep_best and (best is None or row["test_slow"] < best[0]):
+                    best = (row["test_slow"], step, {k: v.detach().to("cpu", copy=True)
+                                                     for k, v in model.state_dict().items()})
             tokens_seen, t_log = 0, time.perf_counter()
             history.append(row)
             log.write(json.dumps(row) + "\n")
@@ -144,9 +155,17 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
         if time.perf_counter() - last_save > save_minutes * 60:
             _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
             last_save = time.perf_counter()
+    if keep_best and best is not None:
+        final = held_out_loss(model, test_seqs, device, cuda, cfg)
+        if final["test_slow"] > best[0]:  # overfitted since: the saved state is the best one
+            model.load_state_dict(best[2])
+            print(json.dumps({"restored_best_step": best[1], "test_slow": best[0], "final_test_slow": final["test_slow"]}),
+                  file=sys.stderr)
+            log.write(json.dumps({"restored_best_step": best[1], "at_step": step}) + "\n")
+            log.flush()
     # save first: the state is what the next call needs, and the evaluation's time is not training time
     _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
-    final = held_out_loss(model, test_seqs, device, cuda)
+    final = held_out_loss(model, test_seqs, device, cuda, cfg)
     print(json.dumps({"step": step, **final}), file=sys.stderr)
     return {"step": step, "history": history, "final": final}
 
@@ -197,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--moments", action="store_true", help="also checkpoint the AdamW moments (2x larger)")
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--eval-every", type=int, default=500)
+    t.add_argument("--keep-best", action="store_true",
+                   help="end on the parameters of the best held-out slow loss (early stopping)")
     e = sub.add_parser("export")
     e.add_argument("--out", type=Path, required=True, help="the training folder")
     e.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
@@ -210,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         layout = VOICE_LAYOUT
         config = voice_model_config(layout, **overrides)
         result = train(args.codes, args.out, args.minutes, args.save_minutes, cfg, config, layout, args.device,
-                       args.max_steps, args.moments, args.log_every, args.eval_every, args.total_minutes)
+                       args.max_steps, args.moments, args.log_every, args.eval_every, args.total_minutes,
+                       args.keep_best)
         print(json.dumps(result["final"]), file=sys.stderr)
     else:
         from engine.train.export import copy_codec, folder_bytes, write_model
