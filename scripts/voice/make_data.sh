@@ -26,5 +26,6 @@ fi
 $PY -m engine.train.corpus --rdata "$OUT/src/janeaustenr" --out "$OUT/text.jsonl"
 $PY -m engine.train.datagen --text "$OUT/text.jsonl" --out "$OUT/audio" --hours "$HOURS" \
     --test-utterances 240 --workers "$(nproc)" --bitrate "$BITRATE"
+$PY -m engine.train.phone_targets --text "$OUT/text.jsonl" --audio "$OUT/audio"
 cp -L "$(ldconfig -p | awk '/libopus.so.0 /{print $NF; exit}')" .carry/lib/libopus.so.0
 du -sh "$OUT/audio" .carry/lib
