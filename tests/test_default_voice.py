@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.audio import load_audio, resample
 from engine.bundle import DEFAULT_FOLDER, load_bundle
-from engine.generate import GenerateOptions, Synthesizer
-from engine.sampling import SamplingParams
-from engine.train.evaluate import ASR_RATE, WER, Recognizer, pitch_semitones
+from engine.generate import Synthesizer
+from engine.prompt import Voice
+from engine.train.evaluate import ASR_RATE, FEATURE_RATE, WER, Recognizer, pitch_semitones, synthesize
 from server import running_server
 
 # Until a trained voice is packaged (issue 6), `default` is the random `tiny` preset, which
@@ -57,8 +58,11 @@ def asr():
 
 
 def speak(synth: Synthesizer, text: str, voice=None, seed: int = 0) -> np.ndarray:
-    chunks = list(synth.audio([text], voice, SamplingParams(seed=seed), GenerateOptions(max_frames=600)))
-    return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    return synthesize(synth, text, voice, seed, max_frames=600)[0]  # the benchmark's engine path
+
+
+def pitch(audio: np.ndarray, rate: int) -> float:
+    return pitch_semitones(resample(audio, rate, FEATURE_RATE))
 
 
 def test_default_is_the_packaged_voice_within_its_size_budget(bundle):
@@ -90,19 +94,16 @@ def test_cloning_moves_the_pitch_to_the_reference_speaker(synth):
     in pitch to its own reference than to the other one."""
     meta = json.loads((FIXTURES / "references.json").read_text())
     rate = synth.bundle.codec.sample_rate
-    refs = {r["speaker"]: (synth.encode_reference(FIXTURES / r["file"], r["text"]), r) for r in meta}
-    ref_pitch = {s: pitch_semitones(_load(FIXTURES / r["file"])) for s, (_, r) in refs.items()}
+    refs = {r["speaker"]: synth.encode_reference(FIXTURES / r["file"], r["text"]) for r in meta}
+    ref_pitch = {r["speaker"]: pitch(load_audio(FIXTURES / r["file"], rate), rate) for r in meta}
     assert ref_pitch[4] - ref_pitch[0] > 2.5, ref_pitch  # the fixtures themselves differ
-    text = PLAIN[10]
-    from engine.prompt import Voice
-
-    for speaker, (reference, _) in refs.items():
-        out = pitch_semitones(_resample16(speak(synth, text, Voice([reference]), seed=3), rate))
+    for speaker, reference in refs.items():
+        out = pitch(speak(synth, PLAIN[10], Voice([reference]), seed=3), rate)
         other = next(s for s in refs if s != speaker)
         assert abs(out - ref_pitch[speaker]) < abs(out - ref_pitch[other]), (speaker, out, ref_pitch)
 
 
-def test_the_service_streams_intelligible_speech(tmp_path):
+def test_the_service_streams_intelligible_speech(tmp_path, asr):
     from clients import connect
 
     async def run(url):
@@ -114,7 +115,6 @@ def test_the_service_streams_intelligible_speech(tmp_path):
                 out.append((text, np.frombuffer(result.audio, "<i2").astype(np.float32) / 32768.0))
             return out
 
-    asr = Recognizer()
     wer = WER()
     with running_server(tmp_path, model="default") as srv:
         for text, pcm in asyncio.run(run(srv.ws_url)):
@@ -122,14 +122,3 @@ def test_the_service_streams_intelligible_speech(tmp_path):
             wer.add(text, asr.transcribe(pcm, ASR_RATE))
     assert wer.value <= MAX_WER_SERVICE, wer.report()
 
-
-def _load(path: Path) -> np.ndarray:
-    from engine.audio import load_audio
-
-    return load_audio(path, ASR_RATE)
-
-
-def _resample16(audio: np.ndarray, rate: int) -> np.ndarray:
-    from engine.audio import resample
-
-    return resample(audio, rate, ASR_RATE)

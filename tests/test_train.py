@@ -273,7 +273,7 @@ def test_phone_head_learns_phones_from_the_semantic_codebook_and_is_not_exported
     opt = torch.optim.AdamW(trainer.parameters(), lr=3e-3)
     history = []
     for _ in range(8):
-        loss = torch.nn.functional.ctc_loss(trainer.phone_log_probs(x), targets, frames, lengths, zero_infinity=True)
+        loss = trainer.phone_loss(x, frames, targets, lengths)
         opt.zero_grad()
         loss.backward()
         assert trainer.codec.encoder.parameters().__next__().grad is not None  # it shapes the encoder
@@ -371,7 +371,8 @@ def test_training_forward_matches_the_serving_path():
         assert torch.allclose(fast_logits(model, fin, codes), served, atol=1e-4)
 
 
-def test_model_training_step_lowers_the_loss_on_a_fixed_batch():
+def _train_on_a_fixed_batch(steps: int, **loss_options) -> list:
+    """The LossOut of each of `steps` AdamW steps of a tiny model on one batch of 3 sequences."""
     from engine.model import DualARModel
 
     config = tiny_model_config()
@@ -379,14 +380,21 @@ def test_model_training_step_lowers_the_loss_on_a_fixed_batch():
     builder = SequenceBuilder(fake_codes(), tokenizer(), config, SequenceConfig(max_tokens=300))
     batch = collate([builder.sample() for _ in range(3)])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    history = []
-    for _ in range(6):
-        out = losses(model, batch)
-        assert torch.isfinite(out.loss) and out.per_codebook.shape == (config.num_codebooks - 1,)
+    outs = []
+    for _ in range(steps):
+        out = losses(model, batch, **loss_options)
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-        history.append(float(out.loss.detach()))
+        outs.append(out)
+    return outs
+
+
+def test_model_training_step_lowers_the_loss_on_a_fixed_batch():
+    outs = _train_on_a_fixed_batch(6)
+    for out in outs:
+        assert torch.isfinite(out.loss) and out.per_codebook.shape == (tiny_model_config().num_codebooks - 1,)
+    history = [float(out.loss.detach()) for out in outs]
     assert history[-1] < history[0] - 0.1
 
 
@@ -429,22 +437,31 @@ def test_guided_attention_loss_is_low_on_the_diagonal_and_high_off_it():
 
 
 def test_model_training_with_the_guide_lowers_both_losses():
-    from engine.model import DualARModel
-
-    config = tiny_model_config()
-    model = init_weights_(DualARModel(config))
-    builder = SequenceBuilder(fake_codes(), tokenizer(), config, SequenceConfig(max_tokens=300))
-    batch = collate([builder.sample() for _ in range(3)])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    first = last = None
-    for _ in range(8):
-        out = losses(model, batch, guide_weight=1.0, guide_layers=(0, 1))
-        opt.zero_grad()
-        out.loss.backward()
-        opt.step()
-        last = (float(out.slow.detach()), float(out.guide))
-        first = first or last
+    outs = _train_on_a_fixed_batch(8, guide_weight=1.0, guide_layers=(0, 1))
+    first, last = ((float(o.slow.detach()), float(o.guide)) for o in (outs[0], outs[-1]))
     assert 0 < first[1] <= 1 and last[0] < first[0] and last[1] < first[1]
+
+
+def test_keep_best_ends_on_the_best_held_out_evaluation(tmp_path: Path):
+    """Random codes: the held-out loss rises once the model memorizes the training set, so
+    the run must end (and save) the parameters of its best evaluation, not the last ones."""
+    from engine.train.lm_train import LMTrainConfig, held_out_loss, load_trained, train
+
+    data = fake_codes(24, seed=1)
+    data.splits = ["test" if i % 6 == 5 else "train" for i in range(24)]
+    np.savez(tmp_path / "codes.npz", codes=data.codes, offsets=data.offsets, ids=data.ids, speakers=data.speakers,
+             texts=data.texts, splits=data.splits)
+    cfg = LMTrainConfig(batch_tokens=2048, lr=1e-2, warmup=2, max_tokens=300, loader_workers=0, dropout=0.0)
+    result = train(tmp_path / "codes.npz", tmp_path / "run", 5.0, 10.0, cfg, tiny_model_config(), LAYOUT, "cpu",
+                   max_steps=60, log_every=5, eval_every=5, keep_best=True)
+    evaluated = [row["test_slow"] for row in result["history"] if "test_slow" in row]
+    assert len(evaluated) == 12 and min(evaluated) < evaluated[-1]  # it did overfit
+    assert result["final"]["test_slow"] == min(evaluated)
+    model, _, step = load_trained(tmp_path / "run")
+    assert step == 60
+    builder = SequenceBuilder(data, tokenizer(), tiny_model_config(), SequenceConfig(max_tokens=300), "test", seed=1234)
+    again = held_out_loss(model.train(), [builder.sample() for _ in range(64)], "cpu", False, cfg)
+    assert again["test_slow"] == pytest.approx(min(evaluated), abs=1e-3)  # the saved state is the best one
 
 
 def test_checkpoints_round_trip_parameters_and_moments(tmp_path: Path):

@@ -22,6 +22,7 @@ from torch.nn.utils import parametrizations, parametrize
 
 from engine.codec.model import Codec
 from engine.codec.quantizer import ResidualVQ, VectorQuantizer
+from engine.train.phone_targets import BLANK
 
 
 @dataclass
@@ -118,17 +119,27 @@ class CodecTrainer(nn.Module):
         self.steps = 0
 
     def add_phone_head(self, classes: int) -> None:
-        """A linear CTC head over the quantized semantic latent (phone_targets.py says why);
-        training only: the exported codec is `self.codec`, without it."""
-        self.phone_head = nn.Linear(self.codec.quantizer.semantic_quantizer.quantizers[0].out_proj.out_channels, classes)
+        """A linear CTC head over the quantized semantic latent (phone_targets.py says why).
+        Training only: the exported codec is `self.codec`, without it, and checkpoints hold
+        the codec alone (a resumed run starts the head afresh; it is one linear layer)."""
+        self.phone_head = nn.Linear(self.vqs()[0].out_proj.out_channels, classes)
 
     def phone_log_probs(self, audio: Tensor) -> Tensor:
         """audio [B, T] -> log-probabilities [frames, B, classes] (F.ctc_loss's layout) from
         the semantic codebook's straight-through quantized latent alone."""
-        q = self.codec.quantizer
-        z = q.pre_module(q.downsample(self.codec.encoder(audio[:, None])))
-        zq = _quantize(self.vqs()[0], z)[1]  # [B, D, frames]
+        zq = _quantize(self.vqs()[0], self._latent(audio))[1]  # [B, D, frames]
         return self.phone_head(zq.mT.float()).log_softmax(-1).transpose(0, 1)
+
+    def phone_loss(self, audio: Tensor, frames: Tensor, targets: Tensor, lengths: Tensor) -> Tensor:
+        """CTC loss of the phone head on whole utterances (audio_data.UtteranceSampler's
+        batch). An utterance too fast for its frames counts 0, not inf."""
+        return F.ctc_loss(self.phone_log_probs(audio), targets.to(audio.device), frames, lengths, blank=BLANK,
+                          zero_infinity=True)
+
+    def _latent(self, audio: Tensor) -> Tensor:
+        """audio [B, T] -> the quantizers' input [B, D, frames]."""
+        q = self.codec.quantizer
+        return q.pre_module(q.downsample(self.codec.encoder(audio[:, None])))
 
     def vqs(self) -> list[VectorQuantizer]:
         q = self.codec.quantizer
@@ -137,7 +148,7 @@ class CodecTrainer(nn.Module):
     def forward(self, audio: Tensor) -> tuple[Tensor, VQOut]:
         # audio: [B, T] with T a multiple of hop_length -> reconstruction [B, T]
         q = self.codec.quantizer
-        z = q.pre_module(q.downsample(self.codec.encoder(audio[:, None])))
+        z = self._latent(audio)
         codes, z_sum = [], 0.0
         commitment, codebook, entropy, spread = (z.new_zeros((), dtype=torch.float32) for _ in range(4))
         residual = z

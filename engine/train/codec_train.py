@@ -42,6 +42,7 @@ from engine.codec.model import Codec
 from engine.train import checkpoints
 from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_
 from engine.train.codec_losses import ReconstructionLoss, snr_db
+from engine.train.phone_targets import NUM_CLASSES
 from engine.train.presets import VOICE_CODEC
 from engine.train.schedule import Clock, lr_at
 
@@ -72,7 +73,10 @@ def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None)
     cfg = cfg or CodecTrainConfig()
     torch.manual_seed(cfg.seed)
     codec = init_codec_(Codec(config), cfg.seed)
-    return CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every).to(device)
+    trainer = CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every)
+    if cfg.phone_weight > 0:
+        trainer.add_phone_head(NUM_CLASSES)
+    return trainer.to(device)
 
 
 def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tensor,
@@ -93,7 +97,6 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
     planned over `total_minutes` of training (all calls; default: this call's minutes)."""
     from engine.train.audio_data import AudioSet, CropSampler, UtteranceSampler
-    from engine.train.phone_targets import BLANK, NUM_CLASSES
 
     t_start = time.perf_counter()
     trained_minutes = 0.0
@@ -109,9 +112,6 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         trained_minutes = saved.get("trained_minutes", 0.0)
         total_minutes = total_minutes or saved.get("total_minutes")
     trainer = build(config, device, cfg)
-    if cfg.phone_weight > 0:  # before the optimizer, which must hold its parameters
-        trainer.add_phone_head(NUM_CLASSES)
-        trainer.phone_head.to(device)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.0,
                                   fused=device.startswith("cuda"))
     step, rewarm = 0, None
@@ -150,10 +150,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         x = sampler.batch(cfg.batch)
         terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight)
         if phones is not None:
-            audio_p, frames, targets, lengths = phones.batch(cfg.phone_batch)
-            terms["phone"] = torch.nn.functional.ctc_loss(
-                trainer.phone_log_probs(audio_p), targets.to(device), frames, lengths, blank=BLANK,
-                zero_infinity=True)  # an utterance too fast for its frames counts 0, not inf
+            terms["phone"] = trainer.phone_loss(*phones.batch(cfg.phone_batch))
             terms["loss"] = terms["loss"] + cfg.phone_weight * terms["phone"]
         optimizer.zero_grad(set_to_none=True)
         terms["loss"].backward()

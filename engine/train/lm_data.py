@@ -33,7 +33,6 @@ from torch import Tensor
 
 from engine.config import ModelConfig
 from engine.prompt import PromptBuilder, Reference, Voice
-from engine.text import normalize_text
 from engine.tokenizer import IM_START, TextTokenizer
 
 IGNORE = -100
@@ -138,7 +137,9 @@ class SequenceBuilder:
         fast = [torch.full((c.num_codebooks, pieces[0].shape[1]), IGNORE)]
         align = [torch.zeros(3, pieces[0].shape[1])]
         length = pieces[0].shape[1]
-        text_offset = p.text(f"{IM_START}user\n").shape[1]  # where a segment's text starts
+        # a segment is fixed pieces around the text: where its text starts, and how long
+        # the fixed pieces are (the text's length is the rest)
+        text_offset, fixed = p.text(f"{IM_START}user\n").shape[1], p.segment("").shape[1]
         for k, i in enumerate(turns):
             seg, codes, end = p.segment(self.data.texts[i]), self.data.utterance(i), p.segment_end()
             n = codes.shape[1]
@@ -153,7 +154,7 @@ class SequenceBuilder:
             f[:, v : v + n] = codes
             a = torch.zeros(3, turn.shape[1])
             a[0, v : v + n] = length + text_offset
-            a[1, v : v + n] = p.text(normalize_text(self.data.texts[i])).shape[1]
+            a[1, v : v + n] = seg.shape[1] - fixed
             a[2, v : v + n] = torch.arange(n) / n
             pieces.append(turn)
             slow.append(s)

@@ -11,7 +11,7 @@ of every frame a position predicts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -55,12 +55,10 @@ def block_forward(block: TransformerBlock, x: Tensor, cos_sin: Tensor, dropout: 
 @dataclass
 class Guide:
     align: Tensor  # [B, 3, L] from lm_data (text start, text length, progress)
-    head: int = 0
+    layers: tuple = (1, 2, 3)  # slow layers whose head `head` is guided
     sigma: float = 0.2
-    losses: list = None  # filled by block_forward
-
-    def __post_init__(self) -> None:
-        self.losses = []
+    head: int = 0
+    losses: list = field(default_factory=list)  # one per guided layer, filled by block_forward
 
 
 def guided_attention_loss(q: Tensor, k: Tensor, align: Tensor, sigma: float) -> Tensor:
@@ -83,13 +81,12 @@ def guided_attention_loss(q: Tensor, k: Tensor, align: Tensor, sigma: float) -> 
     return (attn * weight).sum(-1)[rows].mean()
 
 
-def slow_hidden(model: DualARModel, tokens: Tensor, dropout: float = 0.0, guide: Guide | None = None,
-                guide_layers: tuple = ()) -> Tensor:
+def slow_hidden(model: DualARModel, tokens: Tensor, dropout: float = 0.0, guide: Guide | None = None) -> Tensor:
     """tokens [B, 1 + C, L] -> last-layer hidden [B, L, D] (before the final norm)."""
     x = model.embed(tokens)
     cos_sin = model.rope[: tokens.shape[-1]][None]
     for i, layer in enumerate(model.layers):
-        x = block_forward(layer, x, cos_sin, dropout, guide if i in guide_layers else None)
+        x = block_forward(layer, x, cos_sin, dropout, guide if guide is not None and i in guide.layers else None)
     return x
 
 
@@ -134,11 +131,12 @@ class LossOut:
 
 
 def losses(model: DualARModel, batch: Batch, fast_weight: float = 1.0, max_fast_rows: int | None = None,
-           dropout: float = 0.0, guide_weight: float = 0.0, guide_layers: tuple = (), guide_sigma: float = 0.2
+           dropout: float = 0.0, guide_layers: tuple = (), guide_sigma: float = 0.2, guide_weight: float = 1.0
            ) -> LossOut:
+    """`guide_layers`: the slow layers under the guided-attention loss (none: no guide)."""
     c = model.config
-    guide = Guide(batch.align, sigma=guide_sigma) if guide_layers else None
-    h = slow_hidden(model, batch.tokens, dropout, guide, tuple(guide_layers))
+    guide = Guide(batch.align, tuple(guide_layers), guide_sigma) if guide_layers else None
+    h = slow_hidden(model, batch.tokens, dropout, guide)
     guide_loss = torch.stack(guide.losses).mean() if guide and guide.losses else h.new_zeros((), dtype=torch.float)
     mask = batch.slow != IGNORE  # [B, L]
     logits, fast_in = heads(model, h[mask])

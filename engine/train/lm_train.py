@@ -51,6 +51,11 @@ class LMTrainConfig:
     guide_sigma: float = 0.2
     seed: int = 0
 
+    @property
+    def guided(self) -> tuple:
+        """The slow layers under the guide (none when its weight is 0)."""
+        return tuple(self.guide_layers) if self.guide_weight else ()
+
 
 def tokenizer_for(layout: TinyLayout) -> TextTokenizer:
     return TextTokenizer._from_hf(build_tiny_tokenizer(layout), f"voice-{layout.codebook_size}")
@@ -62,14 +67,13 @@ def build_model(config: ModelConfig, device: str, seed: int) -> DualARModel:
 
 
 @torch.no_grad()
-def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool, cfg: "LMTrainConfig | None" = None) -> dict:
+def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool, cfg: LMTrainConfig) -> dict:
     model.eval()
     totals = {"slow": 0.0, "fast": 0.0, "slow_accuracy": 0.0, "end_accuracy": 0.0, "guide": 0.0}
-    layers = tuple(cfg.guide_layers) if cfg else ()
     for i in range(0, len(seqs), 8):
         batch = collate(seqs[i : i + 8]).to(device)
         with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-            out = losses(model, batch, guide_layers=layers, guide_sigma=cfg.guide_sigma if cfg else 0.2)
+            out = losses(model, batch, guide_layers=cfg.guided, guide_sigma=cfg.guide_sigma)
         for k in totals:
             totals[k] += float(getattr(out, k)) * len(seqs[i : i + 8]) / len(seqs)
     model.train()
@@ -120,14 +124,14 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
     clock = Clock(total_minutes or minutes, trained_minutes)
     model.train()
     tokens_seen = 0
-    best = None  # (test_slow, step, parameters on the CPU) of the best held-out evaluation
+    best = None  # (held-out figures, step, parameters on the CPU) of the best evaluation
     while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         batch = next(loader).to(device)
         with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
             result = losses(model, batch, cfg.fast_weight, cfg.max_fast_rows, cfg.dropout,
-                            cfg.guide_weight, tuple(cfg.guide_layers) if cfg.guide_weight else (), cfg.guide_sigma)
+                            cfg.guided, cfg.guide_sigma, cfg.guide_weight)
         optimizer.zero_grad(set_to_none=True)
         result.loss.backward()
         grad = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -144,9 +148,9 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
                    "tokens_per_s": round(tokens_seen / dt), "minutes": round(clock.minutes, 2)}
             if step % eval_every == 0:
                 row.update(held_out_loss(model, test_seqs, device, cuda, cfg))
-                if keep_best and (best is None or row["test_slow"] < best[0]):
-                    best = (row["test_slow"], step, {k: v.detach().to("cpu", copy=True)
-                                                     for k, v in model.state_dict().items()})
+                if keep_best and (best is None or row["test_slow"] < best[0]["test_slow"]):
+                    best = ({k: v for k, v in row.items() if k.startswith("test_")}, step,
+                            {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
             tokens_seen, t_log = 0, time.perf_counter()
             history.append(row)
             log.write(json.dumps(row) + "\n")
@@ -155,17 +159,18 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
         if time.perf_counter() - last_save > save_minutes * 60:
             _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
             last_save = time.perf_counter()
-    if keep_best and best is not None:
-        final = held_out_loss(model, test_seqs, device, cuda, cfg)
-        if final["test_slow"] > best[0]:  # overfitted since: the saved state is the best one
-            model.load_state_dict(best[2])
-            print(json.dumps({"restored_best_step": best[1], "test_slow": best[0], "final_test_slow": final["test_slow"]}),
-                  file=sys.stderr)
-            log.write(json.dumps({"restored_best_step": best[1], "at_step": step}) + "\n")
-            log.flush()
     # save first: the state is what the next call needs, and the evaluation's time is not training time
     _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
     final = held_out_loss(model, test_seqs, device, cuda, cfg)
+    if keep_best and best is not None and final["test_slow"] > best[0]["test_slow"]:
+        # overfitted since the best evaluation: end on that one's parameters
+        model.load_state_dict(best[2])
+        _save(state_dir, model, optimizer, step, config, cfg, layout, moments, clock)
+        restored = {"restored_best_step": best[1], "at_step": step, "final_test_slow": final["test_slow"]}
+        log.write(json.dumps(restored) + "\n")
+        log.flush()
+        print(json.dumps(restored), file=sys.stderr)
+        final = best[0]
     print(json.dumps({"step": step, **final}), file=sys.stderr)
     return {"step": step, "history": history, "final": final}
 
