@@ -65,17 +65,19 @@ AttentionMeta = PrefillMeta | BatchPrefillMeta | DecodeMeta | FastMeta
 
 
 def attend(
-    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
+    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
+    fast_kernel: bool = False,
 ) -> Tensor:
     """q: [B, S, H, Dh]; k, v: [B, S, K, Dh] for the new positions. Writes k, v into the
-    cache and returns the attention output [B, S, H, Dh]."""
+    cache and returns the attention output [B, S, H, Dh]. `fast_kernel`: fast-transformer
+    attention through kernels/fast_attention.py."""
     if isinstance(meta, DecodeMeta):
         return _decode(q, k, v, k_cache, v_cache, meta)
     if isinstance(meta, PrefillMeta):
         return _prefill(q, k, v, k_cache, v_cache, meta)
     if isinstance(meta, BatchPrefillMeta):
         return _prefill_batch(q, k, v, k_cache, v_cache, meta)
-    return _fast(q, k, v, k_cache, v_cache, meta)
+    return _fast(q, k, v, k_cache, v_cache, meta, fast_kernel)
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
@@ -154,14 +156,24 @@ def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta)
     return _sdpa(q, keys, values, mask)
 
 
-def _fast(q, k, v, k_cache, v_cache, meta: FastMeta) -> Tensor:
-    b, step = q.shape[0], meta.step
+def _fast(q, k, v, k_cache, v_cache, meta: FastMeta, kernel: bool) -> Tensor:
+    write_fast_kv(k, v, k_cache, v_cache, meta.step)
+    return fast_cached(q, k_cache, v_cache, meta, kernel)
+
+
+def write_fast_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: int) -> None:
+    """k, v: [B, 1, K, Dh] into rows 0..B-1 of the fast cache at position `step`."""
+    b = k.shape[0]
     k_cache[:b, step] = k[:, 0]
     v_cache[:b, step] = v[:, 0]
-    return fast_cached(q, k_cache, v_cache, meta)
 
 
-def fast_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta) -> Tensor:
-    """Fast-transformer attention over caches that already hold step `meta.step`."""
+def fast_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta, kernel: bool = False) -> Tensor:
+    """Fast-transformer attention over caches that already hold step `meta.step`.
+    q: [B, 1, H, Dh]. `kernel`: the Triton kernel of kernels/fast_attention.py."""
     b, step = q.shape[0], meta.step
+    if kernel:
+        from kernels.fast_attention import fast_attention
+
+        return fast_attention(q[:, 0], k_cache, v_cache, step)[:, None]
     return _sdpa(q, k_cache[:b, : step + 1], v_cache[:b, : step + 1], None)

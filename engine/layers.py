@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.attention import AttentionMeta, DecodeMeta, FastMeta, attend, decode_cached, fast_cached
+from engine.attention import AttentionMeta, DecodeMeta, FastMeta, attend, decode_cached, fast_cached, write_fast_kv
 
 
 class RMSNorm(nn.Module):
@@ -84,8 +84,13 @@ class FeedForward(nn.Module):
         """[2H, D]: the gate (w1) rows, then the up (w3) rows, fused or not."""
         return self.w13.weight if self.fused else torch.cat([self.w1.weight, self.w3.weight])
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, kernel: bool = False) -> Tensor:
+        """`kernel` (fused gate/up only): silu(gate) * up as one Triton launch (kernels/swiglu.py)."""
         if self.fused:
+            if kernel:
+                from kernels.swiglu import swiglu
+
+                return self.w2(swiglu(self.w13(x)))
             gate, up = self.w13(x).split(self.hidden, dim=-1)
             return self.w2(F.silu(gate) * up)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -135,20 +140,30 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(
-        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
+        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
+        fast_kernel: bool = False,
     ) -> Tensor:
-        # x: [B, S, D] -> [B, S, D]
+        """x: [B, S, D] -> [B, S, D]. `fast_kernel`: the fast transformer attends through
+        the Triton kernel of kernels/fast_attention.py."""
         b, s, _ = x.shape
         if isinstance(meta, DecodeMeta) and meta.fused_qkv:
             q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions)
             y = decode_cached(q, k_cache, v_cache, meta)
         elif isinstance(meta, FastMeta) and meta.fused_qkv:
             q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step)
-            y = fast_cached(q, k_cache, v_cache, meta)
+            y = fast_cached(q, k_cache, v_cache, meta, fast_kernel)
         else:
             q, k, v = self.qkv(x, cos_sin)
-            y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
+            y = attend(q, k, v, k_cache, v_cache, meta, fast_kernel)  # [B, S, H, Dh]
         return self.wo(y.reshape(b, s, self.n_head * self.head_dim))
+
+    def write_kv(self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta) -> None:
+        """The keys and values of x's one new position into the fast cache, no attention."""
+        if meta.fused_qkv:
+            self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step)
+        else:
+            _, k, v = self.qkv(x, cos_sin)
+            write_fast_kv(k, v, k_cache, v_cache, meta.step)
 
     def _qkv_into_cache(
         self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Tensor | None,
@@ -189,3 +204,48 @@ class TransformerBlock(nn.Module):
     ) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos_sin, k_cache, v_cache, meta)
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward_kernels(
+        self, x: Tensor, delta: Tensor | None, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+        meta: AttentionMeta,
+    ) -> tuple[Tensor, Tensor]:
+        """forward() through the Triton kernels, with the residual add deferred: takes the
+        residual stream as (x, delta), x + delta, and returns it the same way, so that
+        each add runs in one launch with the norm after it (kernels/add_rms_norm.py),
+        the last block's with the final norm (run_blocks). The MLP's activation is
+        kernels/swiglu.py, the fast transformer's attention kernels/fast_attention.py."""
+        from kernels.add_rms_norm import add_rms_norm
+
+        x, normed = add_rms_norm(x, delta, self.attention_norm.weight, self.attention_norm.eps)
+        attended = self.attention(normed, cos_sin, k_cache, v_cache, meta, fast_kernel=True)
+        x, normed = add_rms_norm(x, attended, self.ffn_norm.weight, self.ffn_norm.eps)
+        return x, self.feed_forward(normed, kernel=True)
+
+
+def run_blocks(
+    blocks: nn.ModuleList, x: Tensor, cos_sin: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta,
+    final_norm: RMSNorm, kernels: bool, last_fills_kv: bool = False,
+) -> tuple[Tensor, Tensor] | None:
+    """Every block in turn, then the final norm: returns the last hidden states and them
+    normed. k, v: [n_blocks, ...] caches. `kernels`: TransformerBlock.forward_kernels.
+
+    `last_fills_kv` (the fast transformer's step 0, whose output is never read): the last
+    block only writes its keys and values, and nothing is returned; its attention and
+    MLP would be one block pass of 76 in an s2-pro frame step, computed for nothing."""
+    n = len(blocks) - 1 if last_fills_kv else len(blocks)
+    last = blocks[n] if last_fills_kv else None
+    if not kernels:
+        for i in range(n):
+            x = blocks[i](x, cos_sin, k[i], v[i], meta)
+        if last is not None:
+            return last.attention.write_kv(last.attention_norm(x), cos_sin, k[n], v[n], meta)
+        return x, final_norm(x)
+    from kernels.add_rms_norm import add_rms_norm
+
+    delta = None
+    for i in range(n):
+        x, delta = blocks[i].forward_kernels(x, delta, cos_sin, k[i], v[i], meta)
+    if last is not None:
+        _, normed = add_rms_norm(x, delta, last.attention_norm.weight, last.attention_norm.eps)
+        return last.attention.write_kv(normed, cos_sin, k[n], v[n], meta)
+    return add_rms_norm(x, delta, final_norm.weight, final_norm.eps)

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta
 from engine.config import ModelConfig
 from engine.kv_cache import FastCache, KVCache
-from engine.layers import RMSNorm, TransformerBlock, rope_table
+from engine.layers import RMSNorm, TransformerBlock, rope_table, run_blocks
 
 
 class DualARModel(nn.Module):
@@ -47,6 +47,9 @@ class DualARModel(nn.Module):
         )
         self.fast_norm = RMSNorm(c.fast_dim, c.norm_eps)
         self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
+        # the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels); the
+        # serving runner turns this on once those kernels matched their references on its GPU
+        self.step_kernels = False
         self._init_derived(self.embeddings.weight.device)
 
     # --- derived, non-persistent state -------------------------------------------------
@@ -94,15 +97,14 @@ class DualARModel(nn.Module):
             x = torch.where(is_semantic[..., None], x / math.sqrt(c.num_codebooks + 1), x)
         return x
 
-    def _slow(self, x: Tensor, positions: Tensor, kv: KVCache, meta) -> Tensor:
+    def _slow(self, x: Tensor, positions: Tensor, kv: KVCache, meta) -> tuple[Tensor, Tensor]:
+        """-> the last hidden states [B, S, D] and them normed (self.norm)."""
         cos_sin = self.rope[positions]  # [B, S, Dh/2, 2]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos_sin, kv.k[i], kv.v[i], meta)
-        return x
+        return run_blocks(self.layers, x, cos_sin, kv.k, kv.v, meta, self.norm, self.step_kernels)
 
-    def _head(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """h: [B, D] last slow hidden -> (head logits [B, num_semantic + 1], fast input)."""
-        normed = self.norm(h)
+    def _head(self, h: Tensor, normed: Tensor) -> tuple[Tensor, Tensor]:
+        """h: [B, D] last slow hidden, normed: it normed -> (head logits
+        [B, num_semantic + 1], fast input)."""
         logits = normed @ self.head_weight.t()
         fast_in = normed if self.config.norm_fastlayer_input else h
         if hasattr(self, "fast_project_in"):
@@ -114,8 +116,8 @@ class DualARModel(nn.Module):
         Returns (head logits [1, num_semantic + 1], fast input [1, fast_dim]) at the last position."""
         s = tokens.shape[-1]
         positions = torch.arange(start, start + s, device=tokens.device)[None]
-        x = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start))
-        return self._head(x[:, -1])
+        h, normed = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start))
+        return self._head(h[:, -1], normed[:, -1])
 
     def prefill_batch(
         self, tokens: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor, kv_len: int, kv: KVCache,
@@ -129,8 +131,9 @@ class DualARModel(nn.Module):
         b, s = tokens.shape[0], tokens.shape[-1]
         positions = (starts[:, None] + torch.arange(s, device=tokens.device)[None, :]).clamp(max=self.config.max_seq_len - 1)
         meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row, kernel)
-        x = self._slow(self.embed(tokens), positions, kv, meta)
-        return self._head(x[torch.arange(b, device=x.device), (lengths - 1).clamp(min=0)])
+        h, normed = self._slow(self.embed(tokens), positions, kv, meta)
+        last = (torch.arange(b, device=h.device), (lengths - 1).clamp(min=0))
+        return self._head(h[last], normed[last])
 
     def decode_slow(
         self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False,
@@ -140,15 +143,15 @@ class DualARModel(nn.Module):
         `kernel` picks the Triton decode-attention kernel over the PyTorch reference,
         `fused_qkv` the Triton kernel that norms, rotates and caches q/k/v in one launch."""
         meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv)
-        x = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
-        return self._head(x[:, 0])
+        h, normed = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
+        return self._head(h[:, 0], normed[:, 0])
 
     def full_logits(self, tokens: Tensor) -> Tensor:
         """Whole-vocabulary logits for a fresh sequence, [1 + C, S] -> [S, vocab]
         (parity tests and training; serving uses the sampling head)."""
         kv = KVCache.allocate(self.config, 1, tokens.shape[-1], tokens.device, self.embeddings.weight.dtype)
         positions = torch.arange(tokens.shape[-1], device=tokens.device)[None]
-        x = self.norm(self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(0, 0)))
+        _, x = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(0, 0))
         w = self.embeddings.weight if self.config.tie_word_embeddings else self.output.weight
         return (x @ w.t())[0]
 
@@ -158,13 +161,11 @@ class DualARModel(nn.Module):
         """One fast position for B rows. x: [B, fast_dim] (the slow output at step 0,
         the embedding of code step-1 after). Returns logits [B, codebook_size] for
         code `step`, or None at step 0 (code 0 is the slow model's semantic token, so
-        step 0 only fills the fast KV and its logits are never read). `fused_qkv`: the
+        step 0 only fills the fast KV, its last block no more than its keys and values,
+        and its logits are never read). `fused_qkv`: the
         Triton kernel rotates and caches q/k/v in one launch per layer."""
-        h = x[:, None]
-        cos_sin = self.fast_rope[step : step + 1][None].expand(h.shape[0], -1, -1, -1)
+        cos_sin = self.fast_rope[step : step + 1][None].expand(x.shape[0], -1, -1, -1)
         meta = FastMeta(step, fused_qkv)
-        for i, layer in enumerate(self.fast_layers):
-            h = layer(h, cos_sin, fast.k[i], fast.v[i], meta)
-        if step == 0:
-            return None
-        return self.fast_output(self.fast_norm(h[:, 0]))
+        out = run_blocks(self.fast_layers, x[:, None], cos_sin, fast.k, fast.v, meta, self.fast_norm,
+                         self.step_kernels, last_fills_kv=step == 0)
+        return None if out is None else self.fast_output(out[1][:, 0])

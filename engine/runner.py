@@ -124,6 +124,7 @@ class Runner:
         attention_kernel: bool | None = None,
         fused_qkv: bool | None = None,
         chunked_prefill: bool | None = None,
+        step_kernels: bool | None = None,
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -139,6 +140,7 @@ class Runner:
         self.attention_kernel = self.cuda if attention_kernel is None else attention_kernel
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
         self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
+        self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
         if self.cuda_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.max_running = max_running
@@ -205,6 +207,26 @@ class Runner:
                                 c.fast_attention_qk_norm, c.norm_eps)
         if why is not None:
             log.warning("fused q/k/v decode kernel off (PyTorch path instead): %s", why)
+        return why is None
+
+    def _step_kernels_ok(self) -> bool:
+        """On a GPU, every block's residual add + norm, MLP activation and (fast
+        transformer) attention run as Triton kernels (TransformerBlock.forward_kernels),
+        once each has compiled and matched its reference here at the model's shapes;
+        elsewhere, or if one did not, PyTorch."""
+        if not self.cuda:
+            return False
+        from kernels import add_rms_norm, fast_attention, swiglu
+
+        c, dev, dt = self.config, self.device, self.dtype
+        why = (add_rms_norm.self_check(dev, dt, c.dim, c.norm_eps)
+               or add_rms_norm.self_check(dev, dt, c.fast_dim, c.norm_eps)
+               or swiglu.self_check(dev, dt, c.intermediate_size)
+               or swiglu.self_check(dev, dt, c.fast_intermediate_size)
+               or fast_attention.self_check(dev, dt, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
+                                            c.num_codebooks))
+        if why is not None:
+            log.warning("decode-step Triton kernels off (PyTorch path instead): %s", why)
         return why is None
 
     # --- prefill (prefill thread) ----------------------------------------------------------

@@ -115,6 +115,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--no-graphs", action="store_true", help="eager only (CUDA)")
     p.add_argument("--quant", default="none", choices=["none", "fp8"])
+    p.add_argument("--step-kernels-baseline", action="store_true",
+                   help="also run CUDA graphs with the blocks' small ops in PyTorch (mode graphs_torch_ops): "
+                        "the baseline of kernels/add_rms_norm.py, swiglu.py, fast_attention.py")
     p.add_argument("--out", default="out/engine_bench")
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
@@ -123,18 +126,23 @@ def main(argv=None) -> int:
     modes = ["eager"]
     if device.type == "cuda" and not a.no_graphs:
         modes.append("graphs")
+        if a.step_kernels_baseline:
+            modes.append("graphs_torch_ops")
     results: dict = {"model": bundle.name, "quant": a.quant, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
                      "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
     for mode in modes:
-        runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=(mode == "graphs"))
+        runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=mode != "eager",
+                        step_kernels=False if mode == "graphs_torch_ops" else None)
         results[mode] = {
+            "step_kernels": runner.model.step_kernels,
             "decode": [bench_decode(runner, b, a.context, a.steps) for b in batches],
             "prefill": [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len],
             "segments": [bench_segments(runner, b) for b in (1, 16) if b <= max(batches) and 380 < a.max_len],
         }
         results["kv_bytes_per_stream"] = runner.kv_bytes_per_stream()
+        runner.model.step_kernels = False  # the next mode decides afresh
         del runner
         if device.type == "cuda":
             torch.cuda.empty_cache()

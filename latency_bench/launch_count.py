@@ -124,6 +124,9 @@ def narrow_bundle(name: str, seed: int = 0, dtype: torch.dtype = torch.bfloat16)
 TRITON_LAUNCHERS = {
     ("kernels.decode_attention", "decode_attention"): 2,  # split + combine
     ("kernels.qk_rope_kv", "qk_rope_kv"): 1,
+    ("kernels.add_rms_norm", "add_rms_norm"): 1,
+    ("kernels.swiglu", "swiglu"): 1,
+    ("kernels.fast_attention", "fast_attention"): 1,
 }
 
 
@@ -159,12 +162,13 @@ def _counting_triton_launchers(counts: Counter):
 def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False) -> Counter:
     """Launches of one decode step (runner._step, what a CUDA graph captures) for `batch`
     streams at `context` positions. kernels=True: the GPU's path, with the Triton decode
-    kernels (run by the interpreter on a CPU: set TRITON_INTERPRET=1 before importing)."""
+    kernels (run by the interpreter on a CPU: set TRITON_INTERPRET=1 before importing)
+    and the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels)."""
     from engine.runner import Runner
 
     bundle = narrow_bundle(name)
     runner = Runner(bundle, max_running=batch, max_len=context + 64, cuda_graphs=False,
-                    attention_kernel=kernels, fused_qkv=kernels)
+                    attention_kernel=kernels, fused_qkv=kernels, step_kernels=kernels)
     runner.batch_slots[:batch] = torch.arange(batch)
     runner.positions[:batch] = context
     # no_grad, not inference_mode: under inference_mode dtype casts (`.float()`, `.to`)
@@ -182,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", default="1,64", help="comma-separated batch sizes")
     ap.add_argument("--by-op", type=int, default=0, help="also list the N most frequent operations")
     ap.add_argument("--kernels", action="store_true",
-                    help="the GPU's path: Triton decode attention and the fused q/k/v kernel (interpreted on a CPU)")
+                    help="the GPU's path: Triton decode attention, the fused q/k/v kernel and the blocks' "
+                         "small-op kernels (interpreted on a CPU)")
     ap.add_argument("--json", help="write the counts here")
     args = ap.parse_args(argv)
     report = {}

@@ -11,6 +11,7 @@
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
 #   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
 #   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
+#   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, c=64 load (~8 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
 # .whl (see README, "Measuring on a GPU").
@@ -29,7 +30,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv >
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/gpu.txt"
 cat "$out/gpu.txt"
 # every test that needs the GPU (compiled kernels, CUDA graphs), and the FP8 ones
-gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py)
+gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py
+           tests/test_kernel_add_rms_norm.py tests/test_kernel_swiglu.py tests/test_kernel_fast_attention.py tests/test_step_kernels.py)
 fp8_tests=(tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py)
 # random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
@@ -59,6 +61,19 @@ survey)
     timeout 320 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 --server-arg=--max-len=1536 \
         --server-arg=--log-timing --out "$out/load" 2>&1 | tee "$out/load.log"
     grep "turn " "$out/load/server-engine.log" | python3 scripts/turn_timing.py
+    ;;
+step)
+    # the decode step's kernels against the PyTorch ops they replace, in one run
+    timeout 150 python3 -m pytest -q "${gpu_tests[@]}" 2>&1 | tail -15 | tee "$out/gpu_tests.log"
+    timeout 170 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
+        --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --step-kernels-baseline --out "$out" 2>&1 | tee "$out/engine_bench.log"
+    timeout 80 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \
+        --out "$out/profile" 2>&1 | grep -v Warn | head -70 > "$out/profile.log"; head -30 "$out/profile.log"
+    work=/tmp/step; rm -rf "$work"; mkdir -p "$work"
+    timeout 150 python3 -m latency_bench "${bench[@]}" --concurrency 64 --server-arg=--max-len=1536 \
+        --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/load64.log"
+    grep "turn " "$work/load/server-engine.log" | python3 scripts/turn_timing.py 192 | tee -a "$out/load64.log"
+    cp "$work/load/results.json" "$out/load64.json"
     ;;
 codec64)
     # the codec worker's call times (graphs) and one c=64 load level with per-turn timing
