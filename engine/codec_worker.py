@@ -89,8 +89,9 @@ CHUNKS = (4, 2, 1)  # frames per stream per decode call
 class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
+        snake_kernel: bool | None = None,
     ) -> None:
-        self.decoder = StreamingDecoder(codec, max_streams + 1)
+        self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel)
         # None: never hold frames back (every frame decoded as soon as it arrives)
         self.hold_lead_s = hold_lead_s
         self.frame_s = codec.hop_length / codec.sample_rate  # audio per frame

@@ -11,6 +11,7 @@
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
 #   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
 #   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
+#   bash scripts/gpu_check.sh codec      # codec worker calls with the Snake kernel vs PyTorch, eager codec profile (~2 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, c=64 load (~8 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -31,7 +32,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 cat "$out/gpu.txt"
 # every test that needs the GPU (compiled kernels, CUDA graphs), and the FP8 ones
 gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py
-           tests/test_kernel_add_rms_norm.py tests/test_kernel_swiglu.py tests/test_kernel_fast_attention.py tests/test_step_kernels.py)
+           tests/test_kernel_add_rms_norm.py tests/test_kernel_swiglu.py tests/test_kernel_fast_attention.py tests/test_step_kernels.py
+           tests/test_kernel_snake.py)
 fp8_tests=(tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py)
 # random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
@@ -74,6 +76,10 @@ step)
         --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/load64.log"
     grep "turn " "$work/load/server-engine.log" | python3 scripts/turn_timing.py 192 | tee -a "$out/load64.log"
     cp "$work/load/results.json" "$out/load64.json"
+    ;;
+codec)
+    timeout 200 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 \
+        --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
     ;;
 codec64)
     # the codec worker's call times (graphs) and one c=64 load level with per-turn timing

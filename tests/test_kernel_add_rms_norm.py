@@ -29,9 +29,10 @@ def test_matches_reference(shape, dtype):
     # the sum is one rounding of an exact fp32 sum on either side
     assert rel(s, s_ref) < (1e-6 if dtype == torch.float32 else 4e-3)
     assert rel(n, n_ref) < TOL[dtype]
-    # each row is normed on its own: rows scaled by 10 give the same norms
+    # each row is normed on its own: rows scaled by 10 give the same norms (up to the
+    # roundings of the scaled inputs and their sum in bf16)
     _, n10 = add_rms_norm(x * 10, d * 10, w, 1e-6)
-    assert rel(n10, n) < TOL[dtype]
+    assert rel(n10, n) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
 def test_without_delta_is_the_norm_alone_and_returns_x():

@@ -48,17 +48,33 @@ from engine.codec.model import Codec, DecoderBlock
 Step = Callable[[Tensor, Tensor], Tensor]
 
 
+def _snake_kernel_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    from kernels.snake import self_check
+
+    why = self_check(device, dtype)
+    if why is not None:
+        import logging
+
+        logging.getLogger(__name__).warning("Snake kernel off (PyTorch path instead): %s", why)
+    return why is None
+
+
 class StreamingDecoder:
     """Decodes up to `max_streams` streams, each in its own slot. Build it after the codec
     is on its final device and dtype: the state is allocated to match, once."""
 
-    def __init__(self, codec: Codec, max_streams: int) -> None:
+    def __init__(self, codec: Codec, max_streams: int, snake_kernel: bool | None = None) -> None:
+        """`snake_kernel`: Snake as one Triton pass (kernels/snake.py); None: on a GPU,
+        once the kernel has matched its reference there."""
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         weight = codec.decoder.model[0].conv.weight
         self.codec = codec
         self.max_streams = max_streams
         self.device, self.dtype = weight.device, weight.dtype
+        if snake_kernel is None:
+            snake_kernel = self.device.type == "cuda" and _snake_kernel_ok(self.device, self.dtype)
+        self.snake_kernel = snake_kernel
         self._state: list[Tensor] = []  # every per-slot tensor, for reset and accounting
         self.pos = self._new(dtype=torch.long)
         self._post = codec.quantizer.post_module
@@ -162,7 +178,12 @@ class StreamingDecoder:
             return self._conv_step(module)
         if isinstance(module, CausalConvTranspose1d):
             return self._transposed_step(module)
-        if isinstance(module, (Snake1d, nn.Tanh, nn.Identity)):  # pointwise: no state
+        if isinstance(module, Snake1d) and self.snake_kernel:  # pointwise: no state
+            from kernels.snake import snake
+
+            alpha = module.alpha.view(-1)
+            return lambda x, slots: snake(x, alpha)
+        if isinstance(module, (Snake1d, nn.Tanh, nn.Identity)):
             return lambda x, slots: module(x)
         if isinstance(module, WindowLimitedTransformer):
             raise TypeError("only the post_module transformer is streamed")

@@ -1,0 +1,99 @@
+"""`python -m latency_bench.profile_codec`: where the codec worker's GPU time goes.
+
+Two parts, for the model's codec (random weights for a preset):
+- the codec worker's calls as the service makes them (CUDA graphs, pinned copies), per
+  batch bucket and chunk, with the fused Snake kernel (kernels/snake.py) and without it
+  in the same run: host time of a call, to the PCM on the host;
+- one eager streaming-decode call under torch.profiler, kernels grouped by name and
+  sorted by GPU time (graphs hide their kernels from the profiler).
+
+    python -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine.bundle import load_bundle
+from engine.codec.streaming import StreamingDecoder
+from engine.codec_worker import CHUNKS, CodecWorker
+from latency_bench.engine_bench import median_ms
+
+
+def worker_times(codec, batches: list[int], snake_kernel: bool, repeats: int = 7) -> list[dict]:
+    worker = CodecWorker(codec, max(batches), snake_kernel=snake_kernel)
+    worker.warm_up()
+    out = []
+    with torch.inference_mode():
+        for b in (b for b in worker.buckets if b in batches):
+            for n in CHUNKS:
+                codes = np.random.default_rng(0).integers(0, 1000, (b, worker.num_codebooks, n))
+                ms = median_ms(lambda: worker._call(list(range(b)), codes), worker.device, repeats)
+                out.append({"snake_kernel": snake_kernel, "batch": b, "frames": n, "ms": ms,
+                            "frames_per_s": b * n / ms * 1000})
+    return out
+
+
+def profile_call(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
+    dec = StreamingDecoder(codec, batch)
+    codes = torch.randint(0, 1000, (batch, codec.num_codebooks, frames), device=dec.device)
+    slots = torch.arange(batch, device=dec.device)
+    with torch.inference_mode():
+        for _ in range(3):
+            dec.decode(slots, codes)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                dec.decode(slots, codes)
+            torch.cuda.synchronize()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t = totals[e.name[:90]]
+            t[0] += e.device_time_total
+            t[1] += 1
+    rows = [{"kernel": k, "us_per_call": v[0] / steps, "count_per_call": v[1] / steps} for k, v in totals.items()]
+    return sorted(rows, key=lambda r: -r["us_per_call"])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m latency_bench.profile_codec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="s2-pro")
+    p.add_argument("--batch", default="1,16,64", help="worker batch buckets to time")
+    p.add_argument("--profile-batch", type=int, default=64)
+    p.add_argument("--profile-frames", type=int, default=1)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", default="out/profile_codec")
+    a = p.parse_args(argv)
+    bundle = load_bundle(a.model, "cuda")
+    batches = [int(x) for x in a.batch.split(",")]
+    res = {"model": bundle.name, "codec_dtype": str(bundle.dtype), "worker": []}
+    for on in (False, True):
+        res["worker"] += worker_times(bundle.codec, batches, on)
+    print(f"{'batch':>5} {'frames':>6} {'PyTorch Snake ms':>17} {'Snake kernel ms':>16} {'ratio':>6}")
+    for off, on in zip(*(  # same (batch, frames) order in both halves
+            [r for r in res["worker"] if r["snake_kernel"] is k] for k in (False, True))):
+        print(f"{off['batch']:>5} {off['frames']:>6} {off['ms']:>17.2f} {on['ms']:>16.2f} {off['ms'] / on['ms']:>5.2f}x")
+    rows = profile_call(bundle.codec, a.profile_batch, a.profile_frames)
+    res["profile"] = {"batch": a.profile_batch, "frames": a.profile_frames, "kernels": rows}
+    total = sum(r["us_per_call"] for r in rows)
+    print(f"\neager decode, batch {a.profile_batch} x {a.profile_frames} frames: {total / 1000:.2f} ms of GPU time "
+          f"in {sum(r['count_per_call'] for r in rows):.0f} kernels")
+    for r in rows[: a.top]:
+        print(f"  {r['us_per_call']:9.1f} us  x {r['count_per_call']:5.0f}  {r['kernel']}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile_codec.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
