@@ -53,6 +53,8 @@ class DecodeMeta:
     # the Triton kernel that norms, rotates and caches q/k/v in one launch
     # (kernels/qk_rope_kv.py; engine/layers.py Attention.forward takes that path)
     fused_qkv: bool = False
+    # positions + 1, the kernel's per-row lengths: made once per step, not once per layer
+    lengths: Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,8 @@ def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta)
     if meta.kernel:
         from kernels.decode_attention import decode_attention
 
-        out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, meta.positions + 1, max_length=meta.kv_len)
+        lengths = meta.lengths if meta.lengths is not None else meta.positions + 1
+        out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, lengths, max_length=meta.kv_len)
         return out[:, None]
     keys = k_cache[meta.slots, : meta.kv_len]  # gather: [B, kv_len, K, Dh]
     values = v_cache[meta.slots, : meta.kv_len]

@@ -15,7 +15,9 @@ from torch import Tensor
 
 from engine.kv_cache import FastCache, KVCache
 from engine.model import DualARModel
-from engine.sampling import SamplingTensors, frame_gumbel, sample_codebook, sample_semantic
+from engine.sampling import (
+    MAX_TOP_K, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P, SamplingTensors, frame_gumbel, sample_codebook, sample_semantic,
+)
 
 
 def check_window(window: Tensor, frame_codes: Tensor) -> None:
@@ -55,9 +57,26 @@ def sample_frame(
     counter per stream). Returns the frame [B, 1 + C] int64."""
     c = model.config
     penalize = c.uses_repetition_penalty
-    gumbel = frame_gumbel(params, frame_index, c.num_codebooks)  # [B, C + 1, K]: every draw's noise
-    row = sample_semantic(head_logits, params, window[:, :, 0], frame_index, c.num_semantic,
-                          gumbel[:, 0], gumbel[:, c.num_codebooks], penalize)
+    if model.step_kernels and not penalize:  # each draw one Triton launch (kernels/sample.py)
+        from kernels.sample import sample_tokens
+
+        def semantic_draw() -> Tensor:
+            ras = (window[:, :, 0], c.num_semantic, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P)
+            return sample_tokens(head_logits, params, frame_index, 0, MAX_TOP_K, ras)
+
+        def codebook_draw(logits: Tensor, i: int) -> Tensor:
+            return sample_tokens(logits, params, frame_index, i, MAX_TOP_K)
+    else:
+        gumbel = frame_gumbel(params, frame_index, c.num_codebooks)  # [B, C + 1, K]: every draw's noise
+
+        def semantic_draw() -> Tensor:
+            return sample_semantic(head_logits, params, window[:, :, 0], frame_index, c.num_semantic,
+                                   gumbel[:, 0], gumbel[:, c.num_codebooks], penalize)
+
+        def codebook_draw(logits: Tensor, i: int) -> Tensor:
+            return sample_codebook(logits, params, window[:, :, i], frame_index, i, gumbel[:, i], penalize)
+
+    row = semantic_draw()
     is_end = row == c.num_semantic
     token = torch.where(is_end, c.im_end_id, c.semantic_begin_id + row)
     code = torch.where(is_end, 0, row)  # the end frame's codes are never decoded
@@ -65,7 +84,7 @@ def sample_frame(
     model.fast_step(fast_in, 0, fast, fused_qkv)
     for i in range(1, c.num_codebooks):
         logits = model.fast_step(model.fast_embeddings(code), i, fast, fused_qkv)[:, : c.fast_vocab]
-        code = sample_codebook(logits, params, window[:, :, i], frame_index, i, gumbel[:, i], penalize)
+        code = codebook_draw(logits, i)
         codes.append(code)
     return torch.stack([token, *codes], dim=1)
 

@@ -142,7 +142,7 @@ class DualARModel(nn.Module):
         """One position for each of B streams. tokens: [B, 1 + C]; slots, positions: [B].
         `kernel` picks the Triton decode-attention kernel over the PyTorch reference,
         `fused_qkv` the Triton kernel that norms, rotates and caches q/k/v in one launch."""
-        meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv)
+        meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv, positions + 1 if kernel else None)
         h, normed = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
         return self._head(h[:, 0], normed[:, 0])
 

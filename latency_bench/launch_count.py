@@ -127,6 +127,7 @@ TRITON_LAUNCHERS = {
     ("kernels.add_rms_norm", "add_rms_norm"): 1,
     ("kernels.swiglu", "swiglu"): 1,
     ("kernels.fast_attention", "fast_attention"): 1,
+    ("kernels.sample", "sample_tokens"): 1,
 }
 
 

@@ -1,0 +1,86 @@
+"""The one-launch sampling kernel against engine/sampling.py, draw for draw (Triton
+interpreter on the CPU, compiled on a GPU): codebook draws and the semantic draw with
+its end-of-speech block and repetition-aware resampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.sampling import (
+    MAX_TOP_K, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P, SamplingParams, SamplingTensors, frame_gumbel,
+    sample_codebook, sample_semantic,
+)
+from kernels.sample import sample_tokens
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SETTINGS = [  # temperature, top_p, top_k (0 = off), seed, allow_end, ras
+    (0.7, 0.7, 30, 1, True, True), (1.0, 1.0, 0, 2, True, True), (0.0, 0.7, 30, 3, True, True),
+    (1.3, 0.95, 5, 4, False, True), (0.5, 0.3, 128, 5, True, False), (0.9, 1.0, 1, 6, False, True),
+    (2.0, 0.99, 64, 7, True, True),
+]
+
+
+def params_for(settings) -> SamplingTensors:
+    return SamplingTensors.from_params(
+        [SamplingParams(temperature=t, top_p=p, top_k=k, seed=s, allow_end=e, ras=r) for t, p, k, s, e, r in settings],
+        DEVICE,
+    )
+
+
+@pytest.mark.parametrize("vocab", [300, 50])  # 50: fewer tokens than MAX_TOP_K candidates
+def test_codebook_draws_match_the_reference(vocab):
+    params, b = params_for(SETTINGS), len(SETTINGS)
+    g = torch.Generator().manual_seed(vocab)
+    for trial in range(6):
+        logits = (torch.randn(b, vocab, generator=g) * (0.3 + trial / 1.5)).to(DEVICE)
+        step = torch.randint(0, 10_000, (b,), generator=g).to(DEVICE)
+        draw = 1 + trial % 3
+        noise = frame_gumbel(params, step, 4)[:, draw]
+        want = sample_codebook(logits, params, torch.full((b, 4), -1, device=DEVICE), step, draw, noise, penalize=False)
+        assert torch.equal(sample_tokens(logits, params, step, draw, MAX_TOP_K), want), trial
+
+
+def test_semantic_draws_match_the_reference_with_end_block_and_ras():
+    params, b, vocab = params_for(SETTINGS), len(SETTINGS), 257  # the last column: end-of-speech
+    g = torch.Generator().manual_seed(0)
+    resampled = 0
+    for trial in range(8):
+        logits = (torch.randn(b, vocab, generator=g) * (0.5 + trial / 2)).to(DEVICE)
+        logits[:, -1] += 2.0  # end-of-speech often on top: the block must matter
+        step = torch.randint(0, 10_000, (b,), generator=g).to(DEVICE)
+        window = torch.randint(-1, vocab - 1, (b, 10), generator=g, dtype=torch.int32).to(DEVICE)
+        window[:, 3] = logits[:, :-1].argmax(-1).int()  # the likeliest semantic token was just used
+        noise = frame_gumbel(params, step, 3)
+        want = sample_semantic(logits, params, window, step, vocab - 1, noise[:, 0], noise[:, 3], penalize=False)
+        got = sample_tokens(logits, params, step, 0, MAX_TOP_K, (window, vocab - 1, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P))
+        assert torch.equal(got, want), trial
+        assert not (got[~params.allow_end] == vocab - 1).any()
+        resampled += int((got != sample_tokens(logits, params_without_ras(params), step, 0, MAX_TOP_K,
+                                               (window, vocab - 1, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P))).sum())
+    assert resampled > 0  # RAS changed some draws: the redraw path was exercised
+
+
+def params_without_ras(params: SamplingTensors) -> SamplingTensors:
+    return SamplingTensors(params.temperature, params.top_p, params.top_k, params.repetition_penalty,
+                           torch.zeros_like(params.ras), params.seed, params.allow_end)
+
+
+def test_greedy_rows_take_the_argmax_and_bf16_logits_work():
+    params = params_for([(0.0, 0.7, 30, s, True, True) for s in range(5)])
+    logits = torch.randn(5, 4096, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
+    logits[torch.arange(5), torch.arange(5) * 100] = 30.0  # one clear winner per row
+    got = sample_tokens(logits, params, torch.zeros(5, dtype=torch.long, device=DEVICE), 2, MAX_TOP_K)
+    assert torch.equal(got, torch.arange(5, device=DEVICE) * 100)
+
+
+def test_bad_inputs_are_refused():
+    params = params_for(SETTINGS[:2])
+    step = torch.zeros(2, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="logits"):
+        sample_tokens(torch.randn(2, 10, device=DEVICE).t(), params, step, 1, MAX_TOP_K)
+    with pytest.raises(ValueError, match="step"):
+        sample_tokens(torch.randn(2, 10, device=DEVICE), params, step.int(), 1, MAX_TOP_K)
+    with pytest.raises(ValueError, match="last column"):
+        sample_tokens(torch.randn(2, 10, device=DEVICE), params, step, 0, MAX_TOP_K,
+                      (torch.zeros(2, 10, dtype=torch.int32, device=DEVICE), 5, RAS_DRAW, 1.0, 0.9))
