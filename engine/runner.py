@@ -38,7 +38,7 @@ from engine.frame import decode_frame, new_window, push_window, sample_frame
 from engine.graphs import capture
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import FeedForward
-from engine.sampling import SamplingParams, SamplingTensors
+from engine.sampling import MAX_TOP_K, SamplingParams, SamplingTensors
 
 log = logging.getLogger("engine")
 
@@ -212,11 +212,12 @@ class Runner:
     def _step_kernels_ok(self) -> bool:
         """On a GPU, every block's residual add + norm, MLP activation and (fast
         transformer) attention run as Triton kernels (TransformerBlock.forward_kernels),
+        and each draw is one (kernels/sample.py),
         once each has compiled and matched its reference here at the model's shapes;
         elsewhere, or if one did not, PyTorch."""
         if not self.cuda:
             return False
-        from kernels import add_rms_norm, fast_attention, swiglu
+        from kernels import add_rms_norm, fast_attention, sample, swiglu
 
         c, dev, dt = self.config, self.device, self.dtype
         why = (add_rms_norm.self_check(dev, dt, c.dim, c.norm_eps)
@@ -224,7 +225,8 @@ class Runner:
                or swiglu.self_check(dev, dt, c.intermediate_size)
                or swiglu.self_check(dev, dt, c.fast_intermediate_size)
                or fast_attention.self_check(dev, dt, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
-                                            c.num_codebooks))
+                                            c.num_codebooks)
+               or sample.self_check(dev, c.fast_vocab, c.num_semantic + 1, MAX_TOP_K))
         if why is not None:
             log.warning("decode-step Triton kernels off (PyTorch path instead): %s", why)
         return why is None

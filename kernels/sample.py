@@ -171,3 +171,34 @@ def sample_tokens(
             num_warps=8 if logits.shape[1] > 2048 else 4,
         )
     return out
+
+
+def self_check(device: torch.device | str, vocab: int, semantic_vocab: int, max_top_k: int) -> str | None:
+    """Compile and run both draws once at the model's vocabularies against
+    engine/sampling.py: None if every draw agrees, else why not (the caller keeps the
+    PyTorch path). (kernels import nothing of engine at module level; this check does.)"""
+    try:
+        from engine.sampling import (
+            RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P, SamplingParams, SamplingTensors, frame_gumbel, sample_codebook,
+            sample_semantic,
+        )
+
+        params = SamplingTensors.from_params(
+            [SamplingParams(temperature=t, top_p=p, top_k=k, seed=s) for t, p, k, s in
+             ((0.7, 0.7, 30, 1), (0.0, 0.7, 30, 2), (1.0, 1.0, 0, 3))], device)
+        g = torch.Generator().manual_seed(0)
+        step = torch.tensor([3, 4, 5], device=device)
+        noise = frame_gumbel(params, step, 2)
+        logits = torch.randn(3, vocab, generator=g).to(device)
+        want = sample_codebook(logits, params, torch.full((3, 1), -1, device=device), step, 1, noise[:, 1], False)
+        got = sample_tokens(logits, params, step, 1, max_top_k)
+        window = torch.full((3, 10), -1, dtype=torch.int32, device=device)
+        head = torch.randn(3, semantic_vocab, generator=g).to(device)
+        want_s = sample_semantic(head, params, window, step, semantic_vocab - 1, noise[:, 0], noise[:, 2], False)
+        got_s = sample_tokens(head, params, step, 0, max_top_k, (window, semantic_vocab - 1, RAS_DRAW,
+                                                                RAS_TEMPERATURE, RAS_TOP_P))
+        if not (torch.equal(got, want) and torch.equal(got_s, want_s)):
+            return f"sample_tokens drew {got.tolist()} / {got_s.tolist()}, the reference {want.tolist()} / {want_s.tolist()}"
+        return None
+    except Exception as e:  # a compile failure included
+        return f"sample_tokens: {type(e).__name__}: {e}"
