@@ -12,7 +12,7 @@
 #   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
 #   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
 #   bash scripts/gpu_check.sh codec      # codec worker calls with the Snake kernel vs PyTorch, eager codec profile (~2 min)
-#   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, c=64 load (~8 min)
+#   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
 # .whl (see README, "Measuring on a GPU").
@@ -65,17 +65,14 @@ survey)
     grep "turn " "$out/load/server-engine.log" | python3 scripts/turn_timing.py
     ;;
 step)
-    # the decode step's kernels against the PyTorch ops they replace, in one run
+    # the decode step's and the codec's kernels against the PyTorch ops they replace, in one run
     timeout 150 python3 -m pytest -q "${gpu_tests[@]}" 2>&1 | tail -15 | tee "$out/gpu_tests.log"
     timeout 170 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 \
         --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --step-kernels-baseline --out "$out" 2>&1 | tee "$out/engine_bench.log"
     timeout 80 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \
         --out "$out/profile" 2>&1 | grep -v Warn | head -70 > "$out/profile.log"; head -30 "$out/profile.log"
-    work=/tmp/step; rm -rf "$work"; mkdir -p "$work"
-    timeout 150 python3 -m latency_bench "${bench[@]}" --concurrency 64 --server-arg=--max-len=1536 \
-        --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/load64.log"
-    grep "turn " "$work/load/server-engine.log" | python3 scripts/turn_timing.py 192 | tee -a "$out/load64.log"
-    cp "$work/load/results.json" "$out/load64.json"
+    timeout 150 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 \
+        --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
     ;;
 codec)
     timeout 200 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 \
