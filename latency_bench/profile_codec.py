@@ -63,6 +63,44 @@ def profile_call(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_call"])
 
 
+def module_times(codec, batch: int, frames: int) -> list[dict]:
+    """GPU time of every conv module in one eager streaming-decode call, slowest first."""
+    dec = StreamingDecoder(codec, batch)
+    codes = torch.randint(0, 1000, (batch, codec.num_codebooks, frames), device=dec.device)
+    slots = torch.arange(batch, device=dec.device)
+    events: dict[str, list] = {}
+
+    def pre(name):
+        def hook(module, inputs):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            events.setdefault(name, []).append([start, None, list(inputs[0].shape)])
+        return hook
+
+    def post(name):
+        def hook(module, inputs, output):
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            events[name][-1][1] = end
+        return hook
+
+    handles = []
+    for name, m in codec.named_modules():
+        if isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d, torch.nn.Linear)):
+            handles += [m.register_forward_pre_hook(pre(name)), m.register_forward_hook(post(name))]
+    with torch.inference_mode():
+        for _ in range(3):
+            events.clear()
+            dec.decode(slots, codes)
+        torch.cuda.synchronize()
+    for h in handles:
+        h.remove()
+    rows = [{"module": f"{name} {type(codec.get_submodule(name)).__name__}", "input": shape,
+             "ms": sum(s.elapsed_time(e) for s, e, _ in calls)} for name, calls in events.items()
+            for shape in [calls[0][2]]]
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.profile_codec", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,8 +109,12 @@ def main(argv=None) -> int:
     p.add_argument("--profile-batch", type=int, default=64)
     p.add_argument("--profile-frames", type=int, default=1)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="let cuDNN time its kernels per conv shape (torch.backends.cudnn.benchmark)")
+    p.add_argument("--modules", type=int, default=0, help="also list the N slowest conv modules of one call")
     p.add_argument("--out", default="out/profile_codec")
     a = p.parse_args(argv)
+    torch.backends.cudnn.benchmark = a.cudnn_benchmark
     bundle = load_bundle(a.model, "cuda")
     batches = [int(x) for x in a.batch.split(",")]
     res = {"model": bundle.name, "codec_dtype": str(bundle.dtype), "worker": []}
@@ -89,6 +131,12 @@ def main(argv=None) -> int:
           f"in {sum(r['count_per_call'] for r in rows):.0f} kernels")
     for r in rows[: a.top]:
         print(f"  {r['us_per_call']:9.1f} us  x {r['count_per_call']:5.0f}  {r['kernel']}")
+    if a.modules:
+        slow = module_times(bundle.codec, a.profile_batch, a.profile_frames)[: a.modules]
+        res["modules"] = slow
+        print(f"\nslowest conv modules, batch {a.profile_batch} x {a.profile_frames} frames (eager, CUDA events):")
+        for r in slow:
+            print(f"  {r['ms']:7.3f} ms  {r['module']}  in {r['input']}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_codec.json").write_text(json.dumps(res, indent=1))
