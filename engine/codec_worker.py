@@ -223,9 +223,19 @@ class CodecWorker:
         gave the decoder's dilated 768-channel convs a generic kernel of ~0.95 ms each
         at batch 64 x 1 frame on an H200, and benchmarking took a call of that shape
         from 8.1 to 6.8 ms, of 64 x 4 frames from 20.0 to 15.9 (latency_bench.profile_codec).
-        The flag is process-wide; the codec is the service's only conv user."""
+        The flag is process-wide, so it is on only while the shapes are warmed and the
+        graphs captured (the graphs keep the chosen kernels): left on, every new shape
+        elsewhere (the codec encoder on each new voice's reference audio) was timed
+        first, and an uncached voice took 1.3 s to open instead of 0.19."""
+        benchmark = torch.backends.cudnn.benchmark
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True
+        try:
+            self._warm_up()
+        finally:
+            torch.backends.cudnn.benchmark = benchmark
+
+    def _warm_up(self) -> None:
         for n in CHUNKS:
             for b in self.buckets:
                 self._eager([self.scratch] * b, np.zeros((b, self.num_codebooks, n), dtype=np.int64))
