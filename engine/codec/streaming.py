@@ -50,9 +50,10 @@ Step = Callable[[Tensor, Tensor], Tensor]
 
 def _depthwise(conv: nn.Conv1d) -> Callable[[Tensor], Tensor]:
     """A depthwise conv (groups = channels) as a sum over its taps of the unfolded input:
-    one batched matmul. cuDNN runs the quantizer's two 1024-channel k7 depthwise convs
-    with a generic non-tensor-core kernel: measured 0.92 ms each at batch 64 x 1 frame
-    on an H200, a quarter of the whole streaming decode call (latency_bench/profile_codec)."""
+    one batched matmul instead of cuDNN's grouped convolution (the quantizer's two
+    1024-channel k7 convs). Written for a slow generic cuDNN kernel seen in the profile,
+    which turned out to be the decoder's dilated convs (see CodecWorker.warm_up); its own
+    effect on the H200 was not measured apart (the profile's total moved by <1%)."""
     taps, dilation = conv.kernel_size[0], conv.dilation[0]
     weight = conv.weight[:, 0]  # [C, K]
     span = (taps - 1) * dilation + 1
