@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from engine.bundle import load_bundle
 from engine.codec.streaming import StreamingDecoder
 from engine.codec_worker import CHUNKS, CodecWorker
 from latency_bench.engine_bench import median_ms
+from latency_bench.profile_step import gpu_kernels
 
 
 def worker_times(codec, batches: list[int], snake_kernel: bool, repeats: int = 7) -> list[dict]:
@@ -49,18 +48,7 @@ def profile_call(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
         for _ in range(3):
             dec.decode(slots, codes)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                dec.decode(slots, codes)
-            torch.cuda.synchronize()
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            t = totals[e.name[:90]]
-            t[0] += e.device_time_total
-            t[1] += 1
-    rows = [{"kernel": k, "us_per_call": v[0] / steps, "count_per_call": v[1] / steps} for k, v in totals.items()]
-    return sorted(rows, key=lambda r: -r["us_per_call"])
+        return gpu_kernels(lambda: dec.decode(slots, codes), steps, "call")
 
 
 def module_times(codec, batch: int, frames: int) -> list[dict]:

@@ -27,9 +27,15 @@ def profile_batch(runner: Runner, batch: int, context: int, steps: int) -> list[
     for _ in range(3):
         runner.read(runner.launch(slots, context + 16))
     torch.cuda.synchronize()
+    return gpu_kernels(lambda: runner.read(runner.launch(slots, context + 16)), steps, "step")
+
+
+def gpu_kernels(fn, calls: int, per: str) -> list[dict]:
+    """fn() `calls` times under torch.profiler: its CUDA kernels grouped by name, with
+    GPU time (`us_per_<per>`) and count per call, slowest first."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            runner.read(runner.launch(slots, context + 16))
+        for _ in range(calls):
+            fn()
         torch.cuda.synchronize()
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in prof.events():
@@ -37,8 +43,8 @@ def profile_batch(runner: Runner, batch: int, context: int, steps: int) -> list[
             t = totals[e.name[:90]]
             t[0] += e.device_time_total
             t[1] += 1
-    rows = [{"kernel": k, "us_per_step": v[0] / steps, "count_per_step": v[1] / steps} for k, v in totals.items()]
-    return sorted(rows, key=lambda r: -r["us_per_step"])
+    rows = [{"kernel": k, f"us_per_{per}": v[0] / calls, f"count_per_{per}": v[1] / calls} for k, v in totals.items()]
+    return sorted(rows, key=lambda r: -r[f"us_per_{per}"])
 
 
 def main(argv=None) -> int:
