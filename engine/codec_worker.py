@@ -190,10 +190,13 @@ class CodecWorker:
         return lead is None or lead.turn != frames[0].turn or lead.lead_s(now, self.frame_s) <= self.hold_lead_s
 
     def _next_deadline(self) -> float | None:
-        """Seconds until the first held stream's lead falls to hold_lead_s (None: nothing held)."""
+        """Seconds until the first held stream's lead falls to hold_lead_s (None: nothing
+        held; 0: some stream's frames are due now, left over from the last round)."""
         if not self._held:
             return None
         now = self.clock()
+        if any(self._due(slot, frames, now) for slot, frames in self._held.items()):
+            return 0.0
         waits = [
             lead.lead_s(now, self.frame_s) - self.hold_lead_s
             for slot in self._held
@@ -204,12 +207,27 @@ class CodecWorker:
         return max(0.0, min(waits, default=0.05))
 
     def _decode_due(self, now: float) -> None:
+        """One round: the next chunk of every stream that is due, then back to the queue.
+        A backlog (a saturated GPU, many streams with frames waiting) thus goes out one
+        round at a time, and a turn's first frame that arrives meanwhile joins the next
+        round (smallest chunks first) instead of waiting for the whole backlog: measured
+        on an H200 at 64 connections, prefill-to-first-audio was 42 ms p50 and 128 ms p90
+        when every due frame went out before the queue was looked at again."""
         due = [slot for slot, frames in self._held.items() if self._due(slot, frames, now)]
-        self._flush(due)
+        self._flush(due, one_chunk=True)
 
-    def _flush(self, slots: list[int]) -> None:
-        """Decode every held frame of these streams, in order, batched across them."""
-        run = [f for slot in slots for f in self._held.pop(slot, [])]
+    def _flush(self, slots: list[int], one_chunk: bool = False) -> None:
+        """Decode every held frame of these streams (one_chunk: only each stream's next
+        chunk, the rest stays held), in order, batched across them."""
+        run = []
+        for slot in slots:
+            frames = self._held.pop(slot, [])
+            if one_chunk and len(frames) > 1:
+                n = next(c for c in CHUNKS if c <= len(frames))
+                if frames[n:]:
+                    self._held[slot] = frames[n:]
+                frames = frames[:n]
+            run += frames
         if run:
             self._decode(run)
 

@@ -88,3 +88,31 @@ def test_no_hold_decodes_every_frame_at_once(codec):
     for i in range(10):
         worker._process([_Frame(listener, 0, 1, codes[i])])
     assert listener.chunks == [codec.hop_length] * 10
+
+
+def test_a_first_frame_overtakes_another_streams_backlog(codec):
+    """A backlog goes out one round (one chunk per stream) at a time, so a turn's first
+    frame queued meanwhile is decoded in the next round, not after the whole backlog."""
+    worker, clock = make_worker(codec, None)  # nothing held back: every frame is due
+    order: list[str] = []
+
+    class Named(Listener):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def audio(self, turn: int, pcm: np.ndarray) -> None:
+            super().audio(turn, pcm)
+            order.append(self.name)
+
+    a, b = Named("a"), Named("b")
+    codes = np.random.default_rng(2).integers(0, 64, (12, codec.num_codebooks))
+    worker._process([[_Frame(a, 0, 1, c) for c in codes]])  # one decode step's worth: 12 frames of a
+    assert order == ["a"] and a.chunks == [CHUNKS[0] * codec.hop_length]  # one round: a's first chunk
+    assert worker._next_deadline() == 0.0  # a's frames are still due
+    worker._process([_Frame(b, 1, 1, codes[0])])  # b's first frame arrives
+    assert order == ["a", "b", "a"]  # b (a single frame: smallest chunk first) before a's next chunk
+    while worker._next_deadline() is not None:
+        worker._process([])
+    assert sum(a.chunks) == 12 * codec.hop_length and b.chunks == [codec.hop_length]
+    assert order == ["a", "b", "a", "a"]
