@@ -101,7 +101,9 @@ class FP8FeedForward(nn.Module):
         w13 = FP8Linear(*_quantize_weight(stacked), kernel=kernel)
         return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, kernel: bool = False) -> Tensor:
+        """`kernel` is FeedForward's switch for its bf16 SwiGLU kernel (the decode step's
+        kernel path passes it); here the activation is always fused into the quantization."""
         quantize, swiglu_quantize, gemm = _ops(self.kernel)
         x2 = x.reshape(-1, x.shape[-1])  # [M, D]
         gu = gemm(*quantize(x2), self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]

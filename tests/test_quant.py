@@ -105,6 +105,9 @@ def test_quantized_decode_step_runs_with_kernels(tiny):
     set_kernel_(model, True)
     head, fast_logits = step()
     assert rel(head, ref_head) < 1e-4 and rel(fast_logits, ref_fast) < 1e-4
+    model.step_kernels = True  # and with the blocks' small ops as kernels too, as a GPU runner serves it
+    head, fast_logits = step()
+    assert rel(head, ref_head) < 1e-4 and rel(fast_logits, ref_fast) < 1e-4
 
 
 # --- GPU: the issue's correctness gate, graphs ------------------------------------------
