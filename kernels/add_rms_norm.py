@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.selfcheck import mismatch
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -100,9 +102,8 @@ def self_check(device: torch.device | str, dtype: torch.dtype, dim: int, eps: fl
         for delta in (d, None):
             got, want = add_rms_norm(x, delta, w, eps), add_rms_norm_reference(x, delta, w, eps)
             for name, a, r in zip(("sum", "norm"), got, want):
-                err = ((a.float() - r.float()).norm() / r.float().norm()).item()
-                if not err < (1e-5 if dtype == torch.float32 else 1e-2):
-                    return f"add_rms_norm: the {name} differs from the reference by {err:.2e} (relative)"
+                if why := mismatch(f"add_rms_norm's {name}", a, r, dtype):
+                    return why
         return None
     except Exception as e:  # a compile failure included
         return f"add_rms_norm: {type(e).__name__}: {e}"

@@ -25,6 +25,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.selfcheck import mismatch
+
 
 @triton.jit
 def _fast_attention_kernel(
@@ -113,9 +115,8 @@ def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_h
         k, v = (torch.randn(4, positions, kv_heads, head_dim, generator=g).to(device, dtype) for _ in range(2))
         for step in (0, positions - 1):
             got, want = fast_attention(q, k, v, step), fast_attention_reference(q, k, v, step)
-            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-            if not err < (1e-5 if dtype == torch.float32 else 1e-2):
-                return f"fast_attention differs from the reference by {err:.2e} (relative, step {step})"
+            if why := mismatch(f"fast_attention at step {step}", got, want, dtype):
+                return why
         return None
     except Exception as e:  # a compile failure included
         return f"fast_attention: {type(e).__name__}: {e}"
