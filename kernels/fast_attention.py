@@ -10,7 +10,8 @@ A frame has at most C positions (one per codebook, 10 for S2-Pro), so a KV head'
 fit in registers: one program per (row, KV head) loads them once for the query heads
 that share them, takes a softmax in fp32 and the weighted sum, with no tensor cores and
 no split. On an H200 at batch 64 a call takes 8.4 us (one program per query head took
-13.7, as long as flash attention); at batch 1, 2.7 - 4 us (flash attention: 5.5). It replaces
+13.7, as long as flash attention); at batch 1, 4.0 us (one per query head: 2.7, more
+programs for 8 KV heads; flash attention 5.5): a per-batch choice is left to do. It replaces
 PyTorch's scaled_dot_product_attention (flash attention, 128-position tiles for a
 handful of keys): 40 calls a decode step at the s2-pro shape, 0.22 ms at batch 1 and
 0.55 ms at batch 64 on an H200 (latency_bench/profile_step.py).
