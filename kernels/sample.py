@@ -103,15 +103,19 @@ def _sample_kernel(
         tok = BLOCK - 1 - (cur & 0xFFFFFFFF)
         cum += tl.exp(val - lse)
         first = rank == 0
-        in_k = (rank < top_k) & (cur > -(2**63))  # (a vocabulary smaller than top_k runs out)
-        keep = live & (first | ((cum <= top_p) & in_k))
+        # no candidate left: a vocabulary smaller than top_k ran out, or a row of NaN / -inf
+        # logits had none (then the token stays 0, in range: a broken row must not index
+        # an embedding out of bounds)
+        found = cur > -(2**63)
+        in_k = (rank < top_k) & found
+        keep = live & found & (first | ((cum <= top_p) & in_k))
         score = val * inv_t + _gumbel(key, rank)
         take = keep & (score > best)
         best = tl.where(take, score, best)
-        best_tok = tl.where(take | (first & greedy), tok, best_tok)
+        best_tok = tl.where(take | (first & greedy & found), tok, best_tok)
         live = keep & ~greedy
         if SEMANTIC:  # the RAS redraw: temperature ras_temperature, top_p ras_top_p, same top_k
-            hot_keep = hot_live & (first | ((cum <= ras_top_p) & in_k))
+            hot_keep = hot_live & found & (first | ((cum <= ras_top_p) & in_k))
             hot_score = val / ras_temperature + _gumbel(ras_key, rank)
             hot_take = hot_keep & (hot_score > hot_best)
             hot_best = tl.where(hot_take, hot_score, hot_best)

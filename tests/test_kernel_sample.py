@@ -74,6 +74,19 @@ def test_greedy_rows_take_the_argmax_and_bf16_logits_work():
     assert torch.equal(got, torch.arange(5, device=DEVICE) * 100)
 
 
+def test_rows_without_a_candidate_give_an_in_range_token():
+    """NaN or -inf logits (a broken model) must not yield a token past the vocabulary,
+    which would index an embedding out of bounds on the next step."""
+    params = params_for(SETTINGS[:3])  # sampled, sampled, greedy
+    logits = torch.full((3, 64), float("nan"), device=DEVICE)
+    logits[1] = float("-inf")
+    step = torch.zeros(3, dtype=torch.long, device=DEVICE)
+    assert torch.equal(sample_tokens(logits, params, step, 1, MAX_TOP_K), torch.zeros(3, dtype=torch.long, device=DEVICE))
+    window = torch.full((3, 10), -1, dtype=torch.int32, device=DEVICE)
+    got = sample_tokens(logits, params, step, 0, MAX_TOP_K, (window, 63, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P))
+    assert ((got >= 0) & (got < 64)).all()
+
+
 def test_bad_inputs_are_refused():
     params = params_for(SETTINGS[:2])
     step = torch.zeros(2, dtype=torch.long, device=DEVICE)
