@@ -541,3 +541,29 @@ def test_voice_config_fits_the_size_budget():
     total = voice_model_config().num_parameters() + codec_parameters(VOICE_CODEC)
     assert total * 2 <= 40e6  # fp16 bytes
     assert dataclasses.replace(VOICE_CODEC).hop_length == 1024
+
+
+def test_a_resumed_run_keeps_its_config_except_what_the_caller_sets(tmp_path: Path):
+    """Resuming keeps the saved training config, with this call's explicit --set fields on
+    top (before, they were dropped without a word: a resumed GPU-sized codec run kept its
+    batch of 32 on a CPU and ran out of memory)."""
+    import json
+
+    from engine.train.lm_train import LMTrainConfig, train
+
+    data = fake_codes(12, seed=2)
+    data.splits = ["test" if i % 6 == 5 else "train" for i in range(12)]
+    np.savez(tmp_path / "codes.npz", codes=data.codes, offsets=data.offsets, ids=data.ids, speakers=data.speakers,
+             texts=data.texts, splits=data.splits)
+    first = LMTrainConfig(batch_tokens=1024, lr=1e-2, warmup=1, max_tokens=300, loader_workers=0, dropout=0.1)
+    run = tmp_path / "run"
+    train(tmp_path / "codes.npz", run, 5.0, 10.0, first, tiny_model_config(), LAYOUT, "cpu", max_steps=2, eval_every=100)
+
+    def saved() -> dict:
+        return json.loads((run / "state" / "state.json").read_text())["extra"]["train_config"]
+
+    # a resumed call with other defaults and one explicit override: only the override changes
+    other = LMTrainConfig(batch_tokens=4096, lr=3e-3, loader_workers=0)
+    train(tmp_path / "codes.npz", run, 5.0, 10.0, other, tiny_model_config(), LAYOUT, "cpu", max_steps=4,
+          eval_every=100, overrides={"lr": 3e-3})
+    assert saved()["lr"] == 3e-3 and saved()["batch_tokens"] == 1024 and saved()["dropout"] == 0.1

@@ -105,3 +105,19 @@ def load(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer 
                     "exp_avg_sq": moments[f"{name}.exp_avg_sq"].to(p.device, torch.float32),
                 }
     return state
+
+
+def resumed_config(cls, saved: dict, overrides: dict | None):
+    """A training config from a checkpoint's `saved` fields, with this call's explicit
+    overrides (the command line's --set) on top. A resumed run keeps what it was started
+    with, except what the caller sets: before, a resumed codec run silently kept the GPU
+    run's batch of 32 x 2 s when `--set batch=2` asked for a CPU-sized one, and its
+    activations grew past 24 GB."""
+    import dataclasses
+    import sys
+
+    cfg = cls(**saved)
+    if overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
+        print(f"resumed; overriding the saved training config with {overrides}", file=sys.stderr)
+    return cfg

@@ -93,9 +93,12 @@ def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tenso
 
 def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg: CodecTrainConfig,
           config: CodecConfig, device: str, workers: int, max_steps: int | None = None,
-          moments: bool = True, log_every: int = 50, total_minutes: float | None = None) -> dict:
+          moments: bool = True, log_every: int = 50, total_minutes: float | None = None,
+          overrides: dict | None = None) -> dict:
     """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
-    planned over `total_minutes` of training (all calls; default: this call's minutes)."""
+    planned over `total_minutes` of training (all calls; default: this call's minutes).
+    Resuming, the saved configs apply, with `overrides` (training-config fields the
+    caller set explicitly) on top."""
     from engine.train.audio_data import AudioSet, CropSampler, UtteranceSampler
 
     t_start = time.perf_counter()
@@ -108,7 +111,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     if checkpoints.exists(state_dir):  # resume with the config it was started with
         saved = json.loads((state_dir / checkpoints.STATE_FILE).read_text())["extra"]
         config = CodecConfig(**saved["codec_config"])
-        cfg = CodecTrainConfig(**saved["train_config"])
+        cfg = checkpoints.resumed_config(CodecTrainConfig, saved["train_config"], overrides)
         trained_minutes = saved.get("trained_minutes", 0.0)
         total_minutes = total_minutes or saved.get("total_minutes")
     trainer = build(config, device, cfg)
@@ -277,11 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "train":
         config = CodecConfig.from_json(args.codec_config.read_text()) if args.codec_config else VOICE_CODEC
-        cfg = CodecTrainConfig(**{k: type(getattr(CodecTrainConfig(), k))(v)
-                                  for k, v in (s.split("=", 1) for s in args.set)})
-        result = train(args.data, args.out, args.minutes, args.save_minutes, cfg, config, args.device,
-                       args.workers, args.max_steps, moments=not args.no_moments,
-                       total_minutes=args.total_minutes)
+        sets = {k: type(getattr(CodecTrainConfig(), k))(v) for k, v in (s.split("=", 1) for s in args.set)}
+        result = train(args.data, args.out, args.minutes, args.save_minutes, CodecTrainConfig(**sets), config,
+                       args.device, args.workers, args.max_steps, moments=not args.no_moments,
+                       total_minutes=args.total_minutes, overrides=sets)
         print(json.dumps(result["history"][-1] if result["history"] else {"step": result["step"]}), file=sys.stderr)
     elif args.command == "export":
         codec, step = load_trained(args.out)

@@ -83,15 +83,18 @@ def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool, cfg: L
 def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTrainConfig, config: ModelConfig,
           layout: TinyLayout, device: str, max_steps: int | None = None, moments: bool = False,
           log_every: int = 50, eval_every: int = 500, total_minutes: float | None = None,
-          keep_best: bool = False) -> dict:
+          keep_best: bool = False, overrides: dict | None = None) -> dict:
     """Trains for `minutes` of wall clock (this call), on a schedule planned over
-    `total_minutes` of training (all calls; default: this call's minutes)."""
+    `total_minutes` of training (all calls; default: this call's minutes). Resuming, the
+    saved configs apply, with `overrides` (training-config fields the caller set
+    explicitly) on top."""
     t_start = time.perf_counter()
     trained_minutes = 0.0
     state_dir = out / "state"
     if checkpoints.exists(state_dir):  # resume with what it was started with
         extra = json.loads((state_dir / checkpoints.STATE_FILE).read_text())["extra"]
-        config, cfg = ModelConfig(**extra["model_config"]), LMTrainConfig(**extra["train_config"])
+        config = ModelConfig(**extra["model_config"])
+        cfg = checkpoints.resumed_config(LMTrainConfig, extra["train_config"], overrides)
         layout = TinyLayout(**extra["layout"])
         trained_minutes = extra.get("trained_minutes", 0.0)
         total_minutes = total_minutes or extra.get("total_minutes")
@@ -230,14 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = p.parse_args(argv)
     if args.command == "train":
-        sets = dict(s.split("=", 1) for s in args.set)
-        cfg = LMTrainConfig(**{k: type(getattr(LMTrainConfig(), k))(_parse_value(v)) for k, v in sets.items()})
+        sets = {k: type(getattr(LMTrainConfig(), k))(_parse_value(v)) for k, v in (s.split("=", 1) for s in args.set)}
+        cfg = LMTrainConfig(**sets)
         overrides = {k: _parse_value(v) for k, v in (s.split("=", 1) for s in args.model_set)}
         layout = VOICE_LAYOUT
         config = voice_model_config(layout, **overrides)
         result = train(args.codes, args.out, args.minutes, args.save_minutes, cfg, config, layout, args.device,
                        args.max_steps, args.moments, args.log_every, args.eval_every, args.total_minutes,
-                       args.keep_best)
+                       args.keep_best, overrides=sets)
         print(json.dumps(result["final"]), file=sys.stderr)
     else:
         from engine.train.export import copy_codec, folder_bytes, write_model
