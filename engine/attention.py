@@ -61,25 +61,24 @@ class DecodeMeta:
 class FastMeta:
     step: int  # 0 = slow hidden state, i = code i-1 (i < num_codebooks)
     fused_qkv: bool = False  # kernels/qk_rope_kv.py writes row b's k/v at `step`
+    kernel: bool = False  # attention through kernels/fast_attention.py
 
 
 AttentionMeta = PrefillMeta | BatchPrefillMeta | DecodeMeta | FastMeta
 
 
 def attend(
-    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
-    fast_kernel: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
 ) -> Tensor:
     """q: [B, S, H, Dh]; k, v: [B, S, K, Dh] for the new positions. Writes k, v into the
-    cache and returns the attention output [B, S, H, Dh]. `fast_kernel`: fast-transformer
-    attention through kernels/fast_attention.py."""
+    cache and returns the attention output [B, S, H, Dh]."""
     if isinstance(meta, DecodeMeta):
         return _decode(q, k, v, k_cache, v_cache, meta)
     if isinstance(meta, PrefillMeta):
         return _prefill(q, k, v, k_cache, v_cache, meta)
     if isinstance(meta, BatchPrefillMeta):
         return _prefill_batch(q, k, v, k_cache, v_cache, meta)
-    return _fast(q, k, v, k_cache, v_cache, meta, fast_kernel)
+    return _fast(q, k, v, k_cache, v_cache, meta)
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
@@ -159,9 +158,9 @@ def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta)
     return _sdpa(q, keys, values, mask)
 
 
-def _fast(q, k, v, k_cache, v_cache, meta: FastMeta, kernel: bool) -> Tensor:
+def _fast(q, k, v, k_cache, v_cache, meta: FastMeta) -> Tensor:
     write_fast_kv(k, v, k_cache, v_cache, meta.step)
-    return fast_cached(q, k_cache, v_cache, meta, kernel)
+    return fast_cached(q, k_cache, v_cache, meta)
 
 
 def write_fast_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: int) -> None:
@@ -171,11 +170,11 @@ def write_fast_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, step: 
     v_cache[:b, step] = v[:, 0]
 
 
-def fast_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta, kernel: bool = False) -> Tensor:
+def fast_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta) -> Tensor:
     """Fast-transformer attention over caches that already hold step `meta.step`.
-    q: [B, 1, H, Dh]. `kernel`: the Triton kernel of kernels/fast_attention.py."""
+    q: [B, 1, H, Dh]."""
     b, step = q.shape[0], meta.step
-    if kernel:
+    if meta.kernel:
         from kernels.fast_attention import fast_attention
 
         return fast_attention(q[:, 0], k_cache, v_cache, step)[:, None]

@@ -222,7 +222,7 @@ class CodecWorker:
         run = []
         for slot in slots:
             frames = self._held.pop(slot, [])
-            if one_chunk and len(frames) > 1:
+            if one_chunk and frames:
                 n = next(c for c in CHUNKS if c <= len(frames))
                 if frames[n:]:
                     self._held[slot] = frames[n:]

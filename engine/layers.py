@@ -140,21 +140,19 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(
-        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta,
-        fast_kernel: bool = False,
+        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
     ) -> Tensor:
-        """x: [B, S, D] -> [B, S, D]. `fast_kernel`: the fast transformer attends through
-        the Triton kernel of kernels/fast_attention.py."""
+        # x: [B, S, D] -> [B, S, D]
         b, s, _ = x.shape
         if isinstance(meta, DecodeMeta) and meta.fused_qkv:
             q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions)
             y = decode_cached(q, k_cache, v_cache, meta)
         elif isinstance(meta, FastMeta) and meta.fused_qkv:
             q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step)
-            y = fast_cached(q, k_cache, v_cache, meta, fast_kernel)
+            y = fast_cached(q, k_cache, v_cache, meta)
         else:
             q, k, v = self.qkv(x, cos_sin)
-            y = attend(q, k, v, k_cache, v_cache, meta, fast_kernel)  # [B, S, H, Dh]
+            y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
         return self.wo(y.reshape(b, s, self.n_head * self.head_dim))
 
     def write_kv(self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta) -> None:
@@ -213,11 +211,11 @@ class TransformerBlock(nn.Module):
         residual stream as (x, delta), x + delta, and returns it the same way, so that
         each add runs in one launch with the norm after it (kernels/add_rms_norm.py),
         the last block's with the final norm (run_blocks). The MLP's activation is
-        kernels/swiglu.py, the fast transformer's attention kernels/fast_attention.py."""
+        kernels/swiglu.py (the fast transformer's attention kernel is FastMeta.kernel)."""
         from kernels.add_rms_norm import add_rms_norm
 
         x, normed = add_rms_norm(x, delta, self.attention_norm.weight, self.attention_norm.eps)
-        attended = self.attention(normed, cos_sin, k_cache, v_cache, meta, fast_kernel=True)
+        attended = self.attention(normed, cos_sin, k_cache, v_cache, meta)
         x, normed = add_rms_norm(x, attended, self.ffn_norm.weight, self.ffn_norm.eps)
         return x, self.feed_forward(normed, kernel=True)
 

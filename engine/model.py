@@ -165,7 +165,7 @@ class DualARModel(nn.Module):
         and its logits are never read). `fused_qkv`: the
         Triton kernel rotates and caches q/k/v in one launch per layer."""
         cos_sin = self.fast_rope[step : step + 1][None].expand(x.shape[0], -1, -1, -1)
-        meta = FastMeta(step, fused_qkv)
+        meta = FastMeta(step, fused_qkv, self.step_kernels)
         out = run_blocks(self.fast_layers, x[:, None], cos_sin, fast.k, fast.v, meta, self.fast_norm,
                          self.step_kernels, last_fills_kv=step == 0)
         return None if out is None else self.fast_output(out[1][:, 0])

@@ -35,8 +35,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-_MASK32 = 0xFFFFFFFF
-_DRAWS_PER_FRAME = 64  # engine/sampling.py DRAWS_PER_FRAME
+# noise slots per frame: engine/sampling.py DRAWS_PER_FRAME (kernels import nothing of
+# engine; tests/test_kernel_sample.py holds the two equal)
+DRAWS_PER_FRAME = 64
 
 
 @triton.jit
@@ -60,7 +61,7 @@ def _sample_kernel(
     stride_l, stride_w, stride_wi,
     vocab, window, draw, ras_draw, end_col,
     ras_temperature, ras_top_p,
-    WINDOW_PAD: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr,
+    DRAWS: tl.constexpr, WINDOW_PAD: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
@@ -83,8 +84,8 @@ def _sample_kernel(
     step = tl.load(step_ptr + row)
     greedy = temperature <= 0.0
     inv_t = 1.0 / tl.maximum(temperature, 1e-5)
-    key = _hash32((seed & 0xFFFFFFFF) ^ _hash32(step * 64 + draw))
-    ras_key = _hash32((seed & 0xFFFFFFFF) ^ _hash32(step * 64 + ras_draw))
+    key = _hash32((seed & 0xFFFFFFFF) ^ _hash32(step * DRAWS + draw))
+    ras_key = _hash32((seed & 0xFFFFFFFF) ^ _hash32(step * DRAWS + ras_draw))
 
     prev = tl.full([], 2**63 - 1, tl.int64)  # above every key
     cum = tl.zeros([], tl.float32)
@@ -170,7 +171,7 @@ def sample_tokens(
             params.allow_end, params.ras, window, out,
             logits.stride(0), window.stride(0), window.stride(1) if semantic is not None else 0,
             logits.shape[1], window.shape[1] if semantic is not None else 0, draw, ras_draw, end_col, ras_t, ras_p,
-            WINDOW_PAD=triton.next_power_of_2(window.shape[1]) if semantic is not None else 1,
+            DRAWS=DRAWS_PER_FRAME, WINDOW_PAD=triton.next_power_of_2(window.shape[1]) if semantic is not None else 1,
             BLOCK=triton.next_power_of_2(logits.shape[1]), MAX_K=max_top_k, SEMANTIC=semantic is not None,
             num_warps=8 if logits.shape[1] > 2048 else 4,
         )

@@ -142,7 +142,6 @@ def main(argv=None) -> int:
             "segments": [bench_segments(runner, b) for b in (1, 16) if b <= max(batches) and 380 < a.max_len],
         }
         results["kv_bytes_per_stream"] = runner.kv_bytes_per_stream()
-        runner.model.step_kernels = False  # the next mode decides afresh
         del runner
         if device.type == "cuda":
             torch.cuda.empty_cache()

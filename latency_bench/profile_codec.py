@@ -23,7 +23,7 @@ from engine.bundle import load_bundle
 from engine.codec.streaming import StreamingDecoder
 from engine.codec_worker import CHUNKS, CodecWorker
 from latency_bench.engine_bench import median_ms
-from latency_bench.profile_step import gpu_kernels
+from latency_bench.profile_step import gpu_kernels, print_kernels
 
 
 def worker_times(codec, batches: list[int], snake_kernel: bool, repeats: int = 7) -> list[dict]:
@@ -114,11 +114,7 @@ def main(argv=None) -> int:
         print(f"{off['batch']:>5} {off['frames']:>6} {off['ms']:>17.2f} {on['ms']:>16.2f} {off['ms'] / on['ms']:>5.2f}x")
     rows = profile_call(bundle.codec, a.profile_batch, a.profile_frames)
     res["profile"] = {"batch": a.profile_batch, "frames": a.profile_frames, "kernels": rows}
-    total = sum(r["us_per_call"] for r in rows)
-    print(f"\neager decode, batch {a.profile_batch} x {a.profile_frames} frames: {total / 1000:.2f} ms of GPU time "
-          f"in {sum(r['count_per_call'] for r in rows):.0f} kernels")
-    for r in rows[: a.top]:
-        print(f"  {r['us_per_call']:9.1f} us  x {r['count_per_call']:5.0f}  {r['kernel']}")
+    print_kernels(rows, "call", a.top, f"eager decode, batch {a.profile_batch} x {a.profile_frames} frames")
     if a.modules:
         slow = module_times(bundle.codec, a.profile_batch, a.profile_frames)[: a.modules]
         res["modules"] = slow

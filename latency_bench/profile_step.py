@@ -47,6 +47,17 @@ def gpu_kernels(fn, calls: int, per: str) -> list[dict]:
     return sorted(rows, key=lambda r: -r[f"us_per_{per}"])
 
 
+def print_kernels(rows: list[dict], per: str, top: int, heading: str) -> tuple[float, float]:
+    """Print gpu_kernels' rows (the `top` slowest) under `heading`; returns the total GPU
+    time (us) and kernel count per `per`."""
+    total = sum(r[f"us_per_{per}"] for r in rows)
+    kernels = sum(r[f"count_per_{per}"] for r in rows)
+    print(f"\n{heading}: {total / 1000:.2f} ms of GPU time per {per} in {kernels:.0f} kernels")
+    for r in rows[:top]:
+        print(f"  {r[f'us_per_{per}']:9.1f} us  x{r[f'count_per_{per}']:6.1f}  {r['kernel']}")
+    return total, kernels
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.profile_step", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,12 +75,8 @@ def main(argv=None) -> int:
     result = {}
     for b in batches:
         rows = profile_batch(runner, b, a.context, a.steps)
-        total = sum(r["us_per_step"] for r in rows)
-        kernels = sum(r["count_per_step"] for r in rows)
+        total, kernels = print_kernels(rows, "step", a.top, f"batch {b}")
         result[b] = {"gpu_us_per_step": total, "kernels_per_step": kernels, "top": rows[: a.top]}
-        print(f"\nbatch {b}: {total / 1000:.2f} ms of GPU time per step in {kernels:.0f} kernels")
-        for r in rows[: a.top]:
-            print(f"  {r['us_per_step']:9.1f} us  x{r['count_per_step']:6.1f}  {r['kernel']}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(result, indent=1))

@@ -97,3 +97,10 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="last column"):
         sample_tokens(torch.randn(2, 10, device=DEVICE), params, step, 0, MAX_TOP_K,
                       (torch.zeros(2, 10, dtype=torch.int32, device=DEVICE), 5, RAS_DRAW, 1.0, 0.9))
+
+
+def test_the_kernels_noise_stride_is_the_engines():
+    from engine.sampling import DRAWS_PER_FRAME
+    from kernels import sample
+
+    assert sample.DRAWS_PER_FRAME == DRAWS_PER_FRAME

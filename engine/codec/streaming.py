@@ -48,25 +48,6 @@ from engine.codec.model import Codec, DecoderBlock
 Step = Callable[[Tensor, Tensor], Tensor]
 
 
-def _depthwise(conv: nn.Conv1d) -> Callable[[Tensor], Tensor]:
-    """A depthwise conv (groups = channels) as a sum over its taps of the unfolded input:
-    one batched matmul instead of cuDNN's grouped convolution (the quantizer's two
-    1024-channel k7 convs). Written for a slow generic cuDNN kernel seen in the profile,
-    which turned out to be the decoder's dilated convs (see CodecWorker.warm_up); its own
-    effect on the H200 was not measured apart (the profile's total moved by <1%)."""
-    taps, dilation = conv.kernel_size[0], conv.dilation[0]
-    weight = conv.weight[:, 0]  # [C, K]
-    span = (taps - 1) * dilation + 1
-
-    def apply(full: Tensor) -> Tensor:
-        # full: [B, C, ctx + n] -> [B, C, n]; window t covers inputs t .. t + span - 1
-        windows = full.unfold(-1, span, 1)[..., ::dilation]  # [B, C, n, K]
-        y = torch.einsum("bcnk,ck->bcn", windows, weight)
-        return y if conv.bias is None else y + conv.bias[:, None]
-
-    return apply
-
-
 def _snake_kernel_ok(device: torch.device, dtype: torch.dtype) -> bool:
     from kernels.snake import self_check
 
@@ -215,14 +196,12 @@ class StreamingDecoder:
         if ctx == 0:
             return lambda x, slots: conv(x)
         history = self._new(conv.in_channels, ctx)  # [S, C_in, ctx]
-        depthwise = conv.groups == conv.in_channels == conv.out_channels and conv.groups > 1
-        apply = _depthwise(conv) if depthwise else conv
 
         def step(x: Tensor, slots: Tensor) -> Tensor:
             # x: [B, C_in, n] -> [B, C_out, n]
             full = torch.cat([history[slots], x], dim=-1)  # [B, C_in, ctx + n]
             history[slots] = full[..., -ctx:]
-            return apply(full)  # no padding: ctx + n inputs give n outputs
+            return conv(full)  # no padding: ctx + n inputs give n outputs
 
         return step
 
