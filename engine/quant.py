@@ -2,13 +2,13 @@
 
 Every linear layer of both transformers' blocks (attention wqkv and wo, the MLP's w1, w3
 and w2) keeps its weight as e4m3 codes with one fp32 scale per 128 x 128 block, quantized
-once at load time (kernels/fp8_quant.py). A forward quantizes its activations to e4m3
-with one scale per 1 x 128 group (one launch) and runs the block-scaled GEMM
-(kernels/fp8_gemm.py), output in the activations' dtype. The MLP fuses w1 and w3 into one
-GEMM, then computes silu(gate) * up and quantizes it in one launch, so the product never
-goes through memory in bf16:
+once at load time (kernels/fp8_quant.py). A forward is one launch: the block-scaled GEMM
+(kernels/fp8_gemm.py: fp8_linear) quantizes the bf16 activations to e4m3 with one scale
+per 1 x 128 group as it streams them, output in the activations' dtype. The MLP fuses w1
+and w3 into one GEMM; the down projection's GEMM computes silu(gate) * up from that output
+and quantizes it in its own K loop, so the product never goes through memory:
 
-    x [M, D] -> quantize -> GEMM w13 [2H, D] -> [M, 2H] -> silu * up + quantize -> GEMM w2 [D, H] -> [M, D]
+    x [M, D] -> GEMM w13 [2H, D] (quantizing x) -> [M, 2H] -> GEMM w2 [D, H] (silu * up, quantizing) -> [M, D]
 
 Untouched: embeddings, the sampling heads (slow `head_weight` / `output`, `fast_output`),
 `fast_project_in` and the norms (a few MB, read once per step, and where the logits are
@@ -34,18 +34,12 @@ from torch import Tensor, nn
 from engine.layers import Attention, FeedForward, TransformerBlock
 
 
-def _ops(kernel: bool):
-    """(quantize_act, swiglu_quant, gemm) of the Triton path or of the references; imported
-    on use, so that importing this module never needs Triton."""
-    from kernels import fp8_quant as q
+def _linear(kernel: bool):
+    """fp8_linear (the Triton kernel) or its PyTorch reference; imported on use, so that
+    importing this module never needs Triton."""
+    from kernels import fp8_gemm
 
-    if kernel:
-        from kernels.fp8_gemm import fp8_gemm
-
-        return q.quantize_act, q.swiglu_quant, fp8_gemm
-    from kernels.fp8_gemm import fp8_gemm_reference
-
-    return q.quantize_act_reference, q.swiglu_quant_reference, fp8_gemm_reference
+    return fp8_gemm.fp8_linear if kernel else fp8_gemm.fp8_linear_reference
 
 
 def _quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
@@ -72,9 +66,8 @@ class FP8Linear(nn.Module):
         return cls(q, s, bias, kernel)
 
     def forward(self, x: Tensor) -> Tensor:
-        quantize, _, gemm = _ops(self.kernel)
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        y = gemm(*quantize(x2), self.weight_q, self.weight_scale, x.dtype)
+        y = _linear(self.kernel)(x2, self.weight_q, self.weight_scale, x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -85,7 +78,7 @@ class FP8Linear(nn.Module):
 
 class FP8FeedForward(nn.Module):
     """SwiGLU w2(silu(w1 x) * w3 x) with w1 and w3 stacked into one FP8 GEMM [2H, D] and the
-    SwiGLU fused into the quantization that feeds w2."""
+    SwiGLU and its quantization fused into the w2 GEMM: two launches."""
 
     def __init__(self, w13: FP8Linear, w2: FP8Linear, kernel: bool = True) -> None:
         super().__init__()
@@ -103,12 +96,11 @@ class FP8FeedForward(nn.Module):
 
     def forward(self, x: Tensor, kernel: bool = False) -> Tensor:
         """`kernel` is FeedForward's switch for its bf16 SwiGLU kernel (the decode step's
-        kernel path passes it); here the activation is always fused into the quantization."""
-        quantize, swiglu_quantize, gemm = _ops(self.kernel)
+        kernel path passes it); here the activation is always fused into w2's GEMM."""
+        linear = _linear(self.kernel)
         x2 = x.reshape(-1, x.shape[-1])  # [M, D]
-        gu = gemm(*quantize(x2), self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]
-        h = swiglu_quantize(gu[:, : self.hidden], gu[:, self.hidden :])  # e4m3 [M, H] + scales
-        y = gemm(*h, self.w2.weight_q, self.w2.weight_scale, x.dtype)
+        gu = linear(x2, self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]: gate | up
+        y = linear(gu, self.w2.weight_q, self.w2.weight_scale, x.dtype, swiglu=True)
         return y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -9,6 +9,16 @@
     KB = cdiv(K, 128), NB = cdiv(N, 128). Any M, N, K >= 1: nothing is padded in memory;
     partial groups/blocks at the K and N edges are masked to zero (see fp8_quant.py).
 
+Two entry points, one kernel:
+- `fp8_gemm(a, a_scale, b, b_scale)`: activations already quantized (codes + scales).
+- `fp8_linear(x, b, b_scale)`: bf16 activations, quantized inside the GEMM's K loop, so a
+  linear layer is one launch; `swiglu=True` takes the fused w1/w3 output [M, 2H] and
+  quantizes silu(gate) * up there (the MLP's down projection: no separate SwiGLU or
+  quantization launch, no intermediate through memory). Each program quantizes the
+  groups it streams, with the same arithmetic as quantize_act / swiglu_quant, so the codes
+  and scales are bit for bit the ones those kernels would have written. The activation rows
+  are re-read by every N tile (from L2: M x K is tiny next to N x K at decode sizes).
+
 The kernel addresses scales as `a_scale + m * KB + g` and `b_scale + (n // 128) * KB + g`,
 without stride arguments. The launcher is therefore the one gate on the layout: it checks
 the shape AND the strides of both scale tensors and raises on anything else (a transposed
@@ -22,14 +32,17 @@ accumulator with its two scales, acc += dot * a_scale[m, g] * b_scale[n // 128, 
 Decode (M <= 64) swaps the operands: the tile computes out.T = b @ a.T so the weight rows
 fill the MMA's 64-row side and the few activation rows sit on its narrow (>= 16) side.
 Split-K (grid axis 2) cuts K into whole groups when the (M, N) tiles alone cannot fill the
-GPU; the splits write fp32 partials that `_splitk_reduce_kernel` sums in a fixed order
-(deterministic) and casts. It is used only where the partials are cheap next to the
-weight bytes (see `gemm_config`).
+GPU. Each split writes its fp32 partial; the last split of a tile to finish (a per-tile
+counter) sums the partials in split order (deterministic: the same sum whichever finishes
+last), writes the output and resets the counter, all in the one launch. The counters are
+a zeroed buffer per CUDA stream (`_counters`): launches on one stream run one after
+another, and the prefill and decode threads' streams never share one.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -37,22 +50,23 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_quant import FP8, GROUP, dequantize_act, dequantize_weight
+from kernels.fp8_configs import TUNED, TUNED_ON
+from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
+                               quantize_act_reference, swiglu_quant_reference)
 
 # Streaming multiprocessors when no CUDA device is visible (the interpreter): an H200's.
 DEFAULT_SMS = 132
-# Split-K aims at this many programs per SM; a program with a 64 x 128 fp8 weight tile per
-# stage keeps ~4 stages in flight, and two resident programs per SM hide each other's
-# load latency. Chosen from the tile sizes, not yet measured (kernel_bench.py sweeps it).
+# The untuned rule (shapes outside kernels/fp8_configs.py): split K until the tiles fill
+# the GPU about twice, each split streaming >= 4 groups.
 PROGRAMS_PER_SM = 2
-# A split must stream at least this many K groups (4 x 128) to fill its pipeline.
 MIN_GROUPS_PER_SPLIT = 4
-# Split-K pays only while its fp32 partials (written + read: 8 bytes x splits x M x N) stay
-# small next to the weight bytes (N x K): splits x M <= K / PARTIAL_RATIO keeps them
-# under 10%.
-PARTIAL_RATIO = 80
-MAX_SPLITS = 16
+MAX_SPLITS = 32
 REDUCE_BLOCK = 1024
+# Per-tile split counters per CUDA stream (int32, zeroed once, reset by the kernel).
+COUNTER_SLOTS = 16384
+
+A_CODES, A_BF16, A_SWIGLU = 0, 1, 2  # the kernel's A_MODE
+SPLIT_NONE, SPLIT_SEPARATE_REDUCE, SPLIT_LAST_REDUCES = 0, 1, 2  # its SPLIT_MODE
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +80,8 @@ class GemmConfig:
     splits: int = 1  # K splits (each takes whole 128-groups)
     num_warps: int = 4
     num_stages: int = 4
+    # split-K partials summed by the last split in the same launch (else a second launch)
+    reduce_in_kernel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -83,13 +99,19 @@ def _num_sms(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
-    """Decode-first tile choices by M class (H200 values chosen from the MMA shapes,
-    to be swept on the GPU: FP8_NOTES.md, "What to tune first").
+def m_class(m: int) -> int:
+    """Launch choices depend on M only through its power-of-two class (1, 2, 4, ..., 128,
+    then 128 for anything larger), so the decode buckets' warm-up compiles every variant."""
+    return min(triton.next_power_of_2(max(m, 1)), 128)
 
-    Choices depend on M only through its power-of-two class (1, 2, 4, ..., 64, 128, ...),
-    so the decode buckets' warm-up compiles every variant a short prefill can meet."""
-    mc = triton.next_power_of_2(m)
+
+def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
+    """The measured best for the S2-Pro / Qwen3-4B shapes (kernels/fp8_configs.py, from
+    `python -m latency_bench.kernel_sweep` on an H200), else a rule from the MMA shapes."""
+    mc = m_class(m)
+    tuned = TUNED.get((n, k, mc))
+    if tuned is not None:
+        return GemmConfig(*tuned)
     if mc <= 64:
         block_m, block_n, swap = max(16, mc), 64, True
     else:
@@ -97,19 +119,18 @@ def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
     tiles = triton.cdiv(mc, block_m) * triton.cdiv(n, block_n)
     groups = triton.cdiv(k, GROUP)
     want = round(PROGRAMS_PER_SM * sms / tiles)
-    cap = min(groups // MIN_GROUPS_PER_SPLIT, k // (PARTIAL_RATIO * mc), MAX_SPLITS)
-    splits = max(1, min(want, cap))
+    splits = max(1, min(want, groups // MIN_GROUPS_PER_SPLIT, MAX_SPLITS))
     splits = triton.cdiv(groups, triton.cdiv(groups, splits))  # no empty split
     return GemmConfig(block_m, block_n, swap, splits)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "GROUPS_PER_SPLIT"])
 def _fp8_gemm_kernel(
-    a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr,
-    M, N, K, KB,
-    stride_am, stride_bn, stride_cs, stride_cm,
-    GROUPS_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
+    a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, p_ptr, cnt_ptr,
+    M, N, K, KB, GROUPS_PER_SPLIT, UP_OFFSET,
+    stride_am, stride_bn, stride_cm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
+    A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -126,8 +147,6 @@ def _fp8_gemm_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     g0 = split * GROUPS_PER_SPLIT
-    # a constexpr trip count (one per layer shape and M bucket), masked past K: the
-    # interpreter cannot loop over runtime bounds
     for i in range(0, GROUPS_PER_SPLIT):
         g = g0 + i
         k = g * 128 + offs_k
@@ -151,23 +170,53 @@ def _fp8_gemm_kernel(
             at_mask = m_ok[None, :] & k_col
             a_mask = m_ok[:, None] & k_row
             b_mask = n_ok[None, :] & k_col
-        sa = tl.load(as_rows + g, mask=sa_mask, other=0.0)
         sb = tl.load(bs_rows + g, mask=sb_mask, other=0.0)
+        if A_MODE == 0:  # codes and scales from quantize_act
+            sa = tl.load(as_rows + g, mask=sa_mask, other=0.0)
+            if SWAP_AB:
+                at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0)
+            else:
+                a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0)
+        else:  # quantize the group here, as quantize_act (1) / swiglu_quant (2) would
+            x = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0).to(tl.float32)
+            if A_MODE == 2:
+                u = tl.load(a_ptr + UP_OFFSET + offs_m[:, None] * stride_am + k[None, :], mask=a_mask,
+                            other=0.0).to(tl.float32)
+                x = x * tl.sigmoid(x) * u  # silu(gate) * up, fp32 in registers only
+            sa, inv = _pow2_scale(tl.max(tl.abs(x), axis=1))
+            a = _to_e4m3(x * inv[:, None], SOFT_ROUND)
+            if SWAP_AB:
+                at = tl.trans(a)
         if SWAP_AB:
             bt = tl.load(b_ptr + offs_n[:, None] * stride_bn + k[None, :], mask=bt_mask, other=0.0)
-            at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0)
             acc += tl.dot(bt, at) * (sb[:, None] * sa[None, :])  # [BN, BM]
         else:
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0)
             b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=b_mask, other=0.0)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])  # [BM, BN]
-    c_base = c_ptr + split * stride_cs
     if SWAP_AB:
-        tl.store(c_base + offs_m[None, :] * stride_cm + offs_n[:, None], acc.to(c_ptr.dtype.element_ty),
-                 mask=m_ok[None, :] & n_ok[:, None])
+        out_mask = m_ok[None, :] & n_ok[:, None]
+        c_offs = offs_m[None, :] * stride_cm + offs_n[:, None]
+        p_offs = offs_m[None, :] * N + offs_n[:, None]
     else:
-        tl.store(c_base + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & n_ok[None, :])
+        out_mask = m_ok[:, None] & n_ok[None, :]
+        c_offs = offs_m[:, None] * stride_cm + offs_n[None, :]
+        p_offs = offs_m[:, None] * N + offs_n[None, :]
+    if SPLIT_MODE == 0:
+        tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(p_ptr + split * M * N + p_offs, acc, mask=out_mask)
+        if SPLIT_MODE == 2:
+            # every thread's partial is written before the count goes up (release); the
+            # split that makes the count complete reads all partials (acquire, past L1)
+            tl.debug_barrier()
+            tile = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
+            done = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
+            if done == tl.num_programs(2) - 1:
+                total = tl.zeros_like(acc)
+                for s in range(0, tl.num_programs(2)):  # split order: deterministic
+                    total += tl.load(p_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+                tl.store(c_ptr + c_offs, total.to(c_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
 @triton.jit
@@ -178,6 +227,30 @@ def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.c
     for s in range(SPLITS):  # fixed order: the same sum on every run
         acc += tl.load(p_ptr + s * numel + offs, mask=ok, other=0.0)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+
+
+# --- split counters ----------------------------------------------------------------------
+
+_counter_lock = threading.Lock()
+_counter_buffers: dict[tuple, Tensor] = {}
+
+
+def _counters(device: torch.device) -> Tensor | None:
+    """The zeroed counters of the current CUDA stream (one buffer per stream: the kernel
+    leaves them zeroed, and a stream's launches never overlap). None while a graph is being
+    captured on a stream that has none yet (a buffer made inside the capture would belong
+    to the graph's memory pool): the caller then reduces in a second launch."""
+    if device.type != "cuda":
+        key = (device.type, None)
+    else:
+        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    buf = _counter_buffers.get(key)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        with _counter_lock:
+            buf = _counter_buffers.setdefault(key, torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device))
+    return buf
 
 
 # --- launcher --------------------------------------------------------------------------
@@ -197,13 +270,24 @@ def check_scales(name: str, scale: Tensor, rows: int, cols: int) -> None:
             )
 
 
-def _check_operand(name: str, x: Tensor) -> None:
-    if x.dtype != FP8:
-        raise TypeError(f"{name} must be float8_e4m3fn, got {x.dtype}")
+def _check_operand(name: str, x: Tensor, dtypes: tuple[torch.dtype, ...] = (FP8,)) -> None:
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(str(d).removeprefix('torch.') for d in dtypes)}, got {x.dtype}")
     if x.ndim != 2:
         raise ValueError(f"{name} must be 2-D, got shape {list(x.shape)}")
     if x.stride(1) != 1 and x.shape[1] > 1:
         raise ValueError(f"{name} must have unit stride along K, got strides {x.stride()}")
+
+
+def _check_common(a: Tensor, b: Tensor, b_scale: Tensor, k: int, out_dtype: torch.dtype) -> None:
+    _check_operand("b", b)
+    if b.shape[1] != k:
+        raise ValueError(f"the activations (K = {k}) and b {list(b.shape)} disagree on K")
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    if b.device != a.device or b_scale.device != a.device:
+        raise ValueError("the activations, b and its scales must be on one device")
+    check_scales("b_scale", b_scale, triton.cdiv(b.shape[0], GROUP), triton.cdiv(k, GROUP))
 
 
 def fp8_gemm(
@@ -213,50 +297,89 @@ def fp8_gemm(
     """out [M, N] = dequant(a) @ dequant(b).T; see the module docstring for the layouts.
     `config` overrides the tile choices (benchmarks and tests)."""
     _check_operand("a", a)
-    _check_operand("b", b)
-    (m, k), (n, kb_) = a.shape, b.shape
-    if kb_ != k:
-        raise ValueError(f"a [{m}, {k}] and b [{n}, {kb_}] disagree on K")
-    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
-    if a.device != b.device or a_scale.device != a.device or b_scale.device != a.device:
-        raise ValueError("a, b and their scales must be on one device")
-    groups = triton.cdiv(k, GROUP)
-    check_scales("a_scale", a_scale, m, groups)
-    check_scales("b_scale", b_scale, triton.cdiv(n, GROUP), groups)
-    if config is None:
-        config = gemm_config(m, n, k, _num_sms(a.device.index if a.is_cuda else None))
-    return _launch(a, a_scale, b, b_scale, out_dtype, config)
+    m, k = a.shape
+    _check_common(a, b, b_scale, k, out_dtype)
+    if a_scale.device != a.device:
+        raise ValueError("a and a_scale must be on one device")
+    check_scales("a_scale", a_scale, m, triton.cdiv(k, GROUP))
+    return _launch(a, a_scale, b, b_scale, out_dtype, config, A_CODES, k)
 
 
-def _launch(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype, cfg: GemmConfig) -> Tensor:
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def fp8_linear(
+    x: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype | None = None,
+    swiglu: bool = False, config: GemmConfig | None = None,
+) -> Tensor:
+    """out [M, N] = quant(x) @ dequant(b).T in one launch: x [M, K] bf16/fp16/fp32 is
+    quantized group by group inside the GEMM exactly as quantize_act would. With
+    `swiglu=True`, x is [M, 2K] (gate columns, then up columns: the fused w1/w3 output) and
+    the operand is silu(gate) * up, quantized as swiglu_quant would. Output in x's dtype
+    unless `out_dtype` says otherwise."""
+    _check_operand("x", x, ACT_DTYPES)
+    m, width = x.shape
+    if swiglu and width % 2:
+        raise ValueError(f"swiglu input must be [M, 2H] (gate, then up), got width {width}")
+    k = width // 2 if swiglu else width
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    _check_common(x, b, b_scale, k, out_dtype)
+    return _launch(x, None, b, b_scale, out_dtype, config, A_SWIGLU if swiglu else A_BF16, k)
+
+
+def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
+            cfg: GemmConfig | None, a_mode: int = A_CODES, k: int | None = None) -> Tensor:
     """Unchecked launch (tests call it to show what a wrong layout would do)."""
-    (m, k), n = a.shape, b.shape[0]
+    m, n = a.shape[0], b.shape[0]
+    k = a.shape[1] if k is None else k
+    if cfg is None:
+        cfg = gemm_config(m, n, k, _num_sms(a.device.index if a.is_cuda else None))
     out = torch.empty(m, n, device=a.device, dtype=out_dtype)
     if m == 0 or n == 0:
         return out
     groups = triton.cdiv(k, GROUP)
     per_split = triton.cdiv(groups, cfg.splits)
     splits = triton.cdiv(groups, per_split)
-    target = out if splits == 1 else torch.empty(splits, m, n, device=a.device, dtype=torch.float32)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), splits)
+    counters = None
+    if splits == 1:
+        split_mode, partials = SPLIT_NONE, out
+    else:
+        partials = torch.empty(splits, m, n, device=a.device, dtype=torch.float32)
+        if cfg.reduce_in_kernel and grid[0] * grid[1] <= COUNTER_SLOTS:
+            counters = _counters(a.device)
+        split_mode = SPLIT_SEPARATE_REDUCE if counters is None else SPLIT_LAST_REDUCES
     _fp8_gemm_kernel[grid](
-        a, a_scale, b, b_scale, target,
-        m, n, k, groups,
-        a.stride(0), b.stride(0), target.stride(0) if splits > 1 else 0, n,
-        GROUPS_PER_SPLIT=per_split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
+        a, a if a_scale is None else a_scale, b, b_scale, out, partials, partials if counters is None else counters,
+        m, n, k, groups, per_split, k,
+        a.stride(0), b.stride(0), out.stride(0),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
         EVEN_K=k % GROUP == 0 and groups % per_split == 0,
+        A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=_interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if splits > 1:
+    if split_mode == SPLIT_SEPARATE_REDUCE:
         _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            target, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK,
+            partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK,
         )
     return out
 
 
+# --- references (plain PyTorch, the same functions) ------------------------------------
+
 def fp8_gemm_reference(
     a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype = torch.bfloat16
 ) -> Tensor:
-    """The same function in plain PyTorch: dequantize both operands, fp32 matmul, cast."""
+    """Dequantize both operands, fp32 matmul, cast."""
     return (dequantize_act(a, a_scale) @ dequantize_weight(b, b_scale).t()).to(out_dtype)
+
+
+def fp8_linear_reference(x: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype | None = None,
+                         swiglu: bool = False) -> Tensor:
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if swiglu:
+        h = x.shape[1] // 2
+        codes = swiglu_quant_reference(x[:, :h], x[:, h:])
+    else:
+        codes = quantize_act_reference(x)
+    return fp8_gemm_reference(*codes, b, b_scale, out_dtype)

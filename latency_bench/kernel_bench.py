@@ -2,12 +2,12 @@
 
 Per S2-Pro linear shape (the fast transformer's layers have the same widths) and batch
 M = 1..128: the block-scaled FP8 GEMM (kernels/fp8_gemm.py) on pre-quantized activations,
-the same with its activation quantization, cuBLAS FP8 (`torch._scaled_mm`, per-tensor
+the same on bf16 activations quantized inside the launch (`fp8_linear`), cuBLAS FP8 (`torch._scaled_mm`, per-tensor
 scales, pre-quantized) and cuBLAS bf16 (`matmul`); then the whole MLP block at M = 1
 (2560 -> 2 x 9728 -> 2560). Prints a table, writes <out>/kernel_bench.json.
 
     python -m latency_bench.kernel_bench --out out/kernel_bench                  # the table (H200)
-    python -m latency_bench.kernel_bench --sweep --m 1,8 --shapes wqkv,wo         # tile sweep, part of it
+    python -m latency_bench.kernel_sweep --out out/sweep                        # the tile sweep (its own module)
     python -m latency_bench.kernel_bench --smoke                                  # CPU: checks the script
 
 Timing: every candidate runs inside one CUDA graph over enough distinct weight copies to
@@ -134,7 +134,7 @@ def make_weights(shape: Shape, copies: int, device: torch.device) -> list[Weight
 
 
 def bench_shape(timer: Timer, shape: Shape, ms: list[int], smoke: bool) -> list[dict]:
-    from kernels.fp8_gemm import fp8_gemm
+    from kernels.fp8_gemm import fp8_gemm, fp8_linear
     from kernels.fp8_quant import quantize_act
 
     dev = timer.device
@@ -147,7 +147,7 @@ def bench_shape(timer: Timer, shape: Shape, ms: list[int], smoke: bool) -> list[
         a_pt = x.to(torch.float8_e4m3fn)  # per-tensor, scale 1 (values do not change the time)
         t = {
             "fp8": timer.us_per_call([lambda w=w: fp8_gemm(a, a_s, w.wq, w.ws) for w in weights]),
-            "fp8+quant": timer.us_per_call([lambda w=w: fp8_gemm(*quantize_act(x), w.wq, w.ws) for w in weights]),
+            "fp8+quant": timer.us_per_call([lambda w=w: fp8_linear(x, w.wq, w.ws) for w in weights]),
             "scaled_mm": timer.us_per_call([
                 lambda w=w: torch._scaled_mm(a_pt, w.wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
                 for w in weights]),
@@ -157,35 +157,6 @@ def bench_shape(timer: Timer, shape: Shape, ms: list[int], smoke: bool) -> list[
                      "us": t, "vs_scaled_mm": t["scaled_mm"] / t["fp8"], "vs_bf16": t["bf16"] / t["fp8"],
                      **floors(m, shape.k, shape.n)})
     return rows
-
-
-def sweep_shape(timer: Timer, shape: Shape, ms: list[int], smoke: bool) -> list[dict]:
-    """Time the tile choices around the default one; the best per (shape, M) goes into
-    kernels/fp8_gemm.py: gemm_config, with the date and GPU it was measured on."""
-    from kernels.fp8_gemm import MAX_SPLITS, GemmConfig, fp8_gemm, gemm_config
-    from kernels.fp8_quant import quantize_act
-
-    weights = make_weights(shape, copies_for(shape.n * shape.k, smoke), timer.device)
-    groups = -(-shape.k // GROUP)
-    out = []
-    for m in ms:
-        a, a_s = quantize_act(torch.randn(m, shape.k, device=timer.device).bfloat16())
-        default = gemm_config(m, shape.n, shape.k)
-        splits = sorted({s for s in (1, 2, 4, 8, default.splits, 2 * default.splits) if s <= min(MAX_SPLITS, groups)})
-        results = []
-        for block_n in (32, 64, 128):
-            for s in splits:
-                for stages in (3, 4, 6):
-                    cfg = GemmConfig(default.block_m, block_n, default.swap_ab, s, 4, stages)
-                    us = timer.us_per_call([lambda w=w: fp8_gemm(a, a_s, w.wq, w.ws, config=cfg) for w in weights])
-                    results.append((us, cfg))
-        results.sort(key=lambda r: r[0])
-        default_us = next(us for us, c in results if c == default) if default in [c for _, c in results] else None
-        best_us, best = results[0]
-        out.append({"shape": shape.name, "m": m, "default": repr(default), "default_us": default_us,
-                    "best": repr(best), "best_us": best_us, "floor_us": floors(m, shape.k, shape.n)["floor_us"]})
-        print(f"{shape.name:>6} M={m:<4} default {default_us or float('nan'):7.2f} us  best {best_us:7.2f} us  {best}")
-    return out
 
 
 # --- the MLP block ----------------------------------------------------------------------
@@ -257,7 +228,8 @@ def table(rows: list[dict]) -> str:
             f"{r['shape']:>6} {str(r['k']) + '->' + str(r['n']):>11} {r['m']:>4} {r['floor_us']:>7.2f} {t['fp8']:>7.2f} "
             f"{t['fp8+quant']:>7.2f} {t['scaled_mm']:>9.2f} {t['bf16']:>7.2f} {r['vs_scaled_mm']:>6.2f} "
             f"{r['vs_bf16']:>6.2f} {100 * r['floor_us'] / t['fp8']:>6.0f}%")
-    lines.append("(us per call; x smm / x bf16 = baseline time / fp8 time; % floor = floor / fp8 time)")
+    lines.append("(us per call; fp8: on pre-quantized codes; fp8+q: bf16 in, quantized in the same launch; "
+                 "x smm / x bf16 = baseline time / fp8 time; % floor = floor / fp8 time)")
     return "\n".join(lines)
 
 
@@ -266,7 +238,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--m", default=",".join(map(str, MS)), help="batch rows, comma-separated")
     p.add_argument("--shapes", help="comma-separated subset of " + ",".join(s.name for s in SHAPES))
-    p.add_argument("--sweep", action="store_true", help="time tile choices instead of the baselines")
     p.add_argument("--no-mlp", action="store_true")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, small shapes: checks the script")
@@ -306,11 +277,6 @@ def main(argv=None) -> int:
                      "torch": torch.__version__, "triton": triton.__version__, "smoke": a.smoke,
                      "floors": {"hbm_bytes_per_s": HBM_BYTES_PER_S, "fp8_flops": FP8_FLOPS}}
     out = Path(a.out)
-    if a.sweep:
-        results["sweep"] = [r for s in shapes for r in sweep_shape(timer, s, ms, a.smoke)]
-        write_json(out / "kernel_sweep.json", results)
-        print(f"wrote {out / 'kernel_sweep.json'}")
-        return 0
     rows = [r for s in shapes for r in bench_shape(timer, s, ms, a.smoke)]
     results["rows"] = rows
     results["geomean_vs_scaled_mm"] = geomean([r["vs_scaled_mm"] for r in rows if r["in_geomean"]])

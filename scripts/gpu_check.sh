@@ -7,6 +7,7 @@
 #   bash scripts/gpu_check.sh load     # WebSocket load sweep c=1,16,64, s2-pro shape
 #   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
+#   bash scripts/gpu_check.sh sweep    # FP8 kernel tests and the GEMM tile sweep (~6 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
 #   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
@@ -115,6 +116,11 @@ reference)
 fp8)
     timeout 240 python3 -m pytest -q "${fp8_tests[@]}" 2>&1 | tee "$out/fp8_tests.log"
     timeout 300 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | tee "$out/kernel_bench.log"
+    ;;
+sweep)
+    # FP8 kernel tests compiled, then the GEMM's tile sweep (kernels/fp8_configs.py comes from it)
+    timeout 200 python3 -m pytest -q "${fp8_tests[@]}" 2>&1 | tail -25 | tee "$out/fp8_tests.log"
+    timeout 380 python3 -m latency_bench.kernel_sweep --out "$out/kernel_sweep" 2>&1 | tee "$out/kernel_sweep.log"
     ;;
 profile)
     timeout 200 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \

@@ -1,0 +1,267 @@
+"""`python -m latency_bench.kernel_sweep`: the FP8 GEMM's launch choices, timed on the GPU.
+
+For every S2-Pro linear shape and batch M it times the tile choices around the MMA shapes
+(swapped 16..64-wide tiles for decode, 64/128-row tiles for larger M; weight tiles of
+32..256 rows; 3..6 pipeline stages; 4 or 8 warps; every K split that leaves no split
+empty), on the engine's path: bf16 activations quantized inside the GEMM (`fp8_linear`;
+the SwiGLU variant for w2, as the MLP runs it). Then, at each best choice, what the
+other paths cost: the split-K sum in a second launch, and the GEMM on pre-quantized codes
+alone and behind its own quantize launch. Writes <out>/kernel_sweep.json, prints the
+best choices as the `TUNED` table of kernels/fp8_configs.py.
+
+    python -m latency_bench.kernel_sweep --out out/sweep                  # H200: ~3-5 min
+    python -m latency_bench.kernel_sweep --shapes wqkv --m 1,16 --jobs 8  # a part
+    python -m latency_bench.kernel_sweep --smoke                          # CPU: checks the script
+
+Every distinct kernel variant is compiled first, in `--jobs` processes at once (Triton's
+on-disk cache then serves the timing process): a sweep compiles a few hundred variants,
+one after another that alone would take longer than a device call may run. Timing is
+kernel_bench's: a CUDA graph over enough weight copies to stream each call from HBM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from latency_bench.kernel_bench import (GROUP, SHAPES, SMOKE_SHAPES, Shape, Timer, bench_device, copies_for,
+                                        floors, make_weights, write_json)
+
+MS = [1, 2, 4, 8, 16, 32, 64, 128]
+# (block_n, num_warps, num_stages) of the swapped decode tiles; (block_m, block_n, warps,
+# stages) of the plain ones
+SWAP_TILES = [(32, 4, 3), (32, 4, 4), (32, 4, 6), (64, 4, 3), (64, 4, 4), (64, 4, 6), (128, 4, 3), (128, 4, 4),
+              (128, 8, 3), (128, 8, 4), (256, 8, 3)]
+PLAIN_TILES = [(64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 8, 4), (128, 64, 4, 4), (128, 128, 8, 3)]
+SPLITS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32]
+MAX_PROGRAMS = 132 * 8
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def swiglu_shape(shape: Shape) -> bool:
+    """w2 runs behind the SwiGLU in the MLP: its sweep times the SwiGLU variant."""
+    return shape.name == "w2"
+
+
+def split_choices(k: int) -> list[int]:
+    groups = cdiv(k, GROUP)
+    return [s for s in SPLITS if s <= groups and cdiv(groups, cdiv(groups, s)) == s and groups >= 2 * s or s == 1]
+
+
+def candidates(shape: Shape, m: int, smoke: bool = False):
+    from kernels.fp8_gemm import GemmConfig, m_class
+
+    mc = m_class(m)
+    tiles = []
+    if mc <= 64:
+        tiles += [(max(16, mc), bn, True, w, st) for bn, w, st in SWAP_TILES]
+    if mc >= 32:
+        tiles += [(bm, bn, False, w, st) for bm, bn, w, st in PLAIN_TILES]
+    if smoke:
+        tiles = tiles[:2]
+    out = []
+    for bm, bn, swap, warps, stages in tiles:
+        for s in split_choices(shape.k)[: 2 if smoke else None]:
+            if cdiv(shape.n, bn) * cdiv(m, bm) * s <= MAX_PROGRAMS or s == 1:
+                out.append(GemmConfig(bm, bn, swap, s, warps, stages))
+    return out
+
+
+# --- compiling in parallel ----------------------------------------------------------------
+
+def compile_key(shape: Shape, m: int, cfg, a_mode: int) -> tuple:
+    """What makes a distinct compiled variant (M and the split length are runtime values;
+    N, K and the strides specialize alike for every S2-Pro shape: multiples of 16)."""
+    groups = cdiv(shape.k, GROUP)
+    per = cdiv(groups, cfg.splits)
+    even = shape.k % GROUP == 0 and groups % per == 0
+    split_mode = 0 if cfg.splits == 1 else (2 if cfg.reduce_in_kernel else 1)
+    return (cfg.block_m, cfg.block_n, cfg.swap_ab, even, a_mode, split_mode, cfg.num_warps, cfg.num_stages)
+
+
+_worker_cache: dict = {}
+
+
+def _operands(shape: Shape, m: int, device, a_mode: int):
+    from kernels.fp8_quant import quantize_act
+
+    key = (shape, device)
+    if key not in _worker_cache:
+        _worker_cache[key] = make_weights(shape, 1, device)[0]
+    w = _worker_cache[key]
+    width = 2 * shape.k if a_mode == 2 else shape.k
+    x = torch.randn(m, width, device=device).bfloat16()
+    return w, x, quantize_act(x[:, : shape.k]) if a_mode == 0 else None
+
+
+def run_once(shape: Shape, m: int, cfg, a_mode: int, device) -> None:
+    from kernels.fp8_gemm import fp8_gemm, fp8_linear
+
+    w, x, codes = _operands(shape, m, device, a_mode)
+    if a_mode == 0:
+        fp8_gemm(*codes, w.wq, w.ws, config=cfg)
+    else:
+        fp8_linear(x, w.wq, w.ws, swiglu=a_mode == 2, config=cfg)
+
+
+def _compile_jobs(jobs: list) -> int:
+    device = torch.device("cuda")
+    for shape, m, cfg, a_mode in jobs:
+        run_once(shape, m, cfg, a_mode, device)
+    torch.cuda.synchronize()
+    return len(jobs)
+
+
+def precompile(jobs: list, workers: int, cuda: bool) -> float:
+    """Compile one job per distinct variant, spread over `workers` processes."""
+    t0 = time.perf_counter()
+    seen, unique = set(), []
+    for job in jobs:
+        key = compile_key(*job)
+        if key not in seen:
+            seen.add(key)
+            unique.append(job)
+    if cuda and workers > 1 and len(unique) > 1:
+        import multiprocessing as mp
+
+        chunks = [unique[i::workers] for i in range(workers)]
+        with mp.get_context("spawn").Pool(workers) as pool:
+            pool.map(_compile_jobs, [c for c in chunks if c])
+    dt = time.perf_counter() - t0
+    print(f"compiled {len(unique)} variants in {dt:.0f} s ({workers} processes)", flush=True)
+    return dt
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+def time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int, quant_launch: bool = False) -> float:
+    from kernels.fp8_gemm import fp8_gemm, fp8_linear
+    from kernels.fp8_quant import quantize_act
+
+    if a_mode == 0:
+        k = weights[0].wq.shape[1]
+        if quant_launch:
+            return timer.us_per_call([lambda w=w: fp8_gemm(*quantize_act(x[:, :k]), w.wq, w.ws, config=cfg)
+                                      for w in weights])
+        codes = quantize_act(x[:, :k])
+        return timer.us_per_call([lambda w=w: fp8_gemm(*codes, w.wq, w.ws, config=cfg) for w in weights])
+    return timer.us_per_call([lambda w=w: fp8_linear(x, w.wq, w.ws, swiglu=a_mode == 2, config=cfg) for w in weights])
+
+
+def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: int) -> list[dict]:
+    from kernels.fp8_gemm import GemmConfig, gemm_config
+
+    cuda = timer.device.type == "cuda"
+    plan = [(s, m, c, 2 if swiglu_shape(s) else 1) for s in shapes for m in ms for c in candidates(s, m, smoke)]
+    print(f"{len(plan)} timings planned", flush=True)
+    precompile(plan, jobs, cuda)
+    rows = []
+    for shape in shapes:
+        weights = make_weights(shape, copies_for(shape.n * shape.k, smoke), timer.device)
+        a_mode = 2 if swiglu_shape(shape) else 1
+        for m in ms:
+            x = torch.randn(m, 2 * shape.k if a_mode == 2 else shape.k, device=timer.device).bfloat16()
+            timed = [(time_config(timer, weights, x, c, a_mode), c) for c in candidates(shape, m, smoke)]
+            timed = [t for t in timed if t[0] == t[0]]  # NaN: a variant that failed
+            timed.sort(key=lambda t: t[0])
+            best_us, best = timed[0]
+            rows.append({"shape": shape.name, "n": shape.n, "k": shape.k, "m": m, "a_mode": a_mode,
+                         "best": dataclasses.asdict(best), "best_us": best_us,
+                         "top": [{"us": us, "config": dataclasses.asdict(c)} for us, c in timed[:8]],
+                         "all": [{"us": us, "config": dataclasses.asdict(c)} for us, c in timed],
+                         "floor_us": floors(m, shape.k, shape.n)["floor_us"]})
+            print(f"{shape.name:>6} M={m:<4} best {best_us:7.2f} us  {best}", flush=True)
+    # the other paths at each best choice: compile them in parallel, then time
+    extra = []
+    for r in rows:
+        shape = next(s for s in shapes if s.name == r["shape"])
+        best = GemmConfig(**r["best"])
+        extra.append((shape, r["m"], best, 0))
+        if best.splits > 1:
+            extra.append((shape, r["m"], dataclasses.replace(best, reduce_in_kernel=False), r["a_mode"]))
+        extra.append((shape, r["m"], gemm_config(r["m"], shape.n, shape.k), 0))
+    precompile(extra, jobs, cuda)
+    for shape in shapes:
+        weights = make_weights(shape, copies_for(shape.n * shape.k, smoke), timer.device)
+        for r in (r for r in rows if r["shape"] == shape.name):
+            m, a_mode, best = r["m"], r["a_mode"], GemmConfig(**r["best"])
+            x = torch.randn(m, 2 * shape.k if a_mode == 2 else shape.k, device=timer.device).bfloat16()
+            r["codes_us"] = time_config(timer, weights, x, best, 0)
+            r["codes_plus_quant_us"] = time_config(timer, weights, x, best, 0, quant_launch=True)
+            r["second_reduce_launch_us"] = (time_config(timer, weights, x, dataclasses.replace(best, reduce_in_kernel=False),
+                                                        a_mode) if best.splits > 1 else None)
+            rule = gemm_config(m, shape.n, shape.k)
+            r["rule"], r["rule_codes_us"] = dataclasses.asdict(rule), time_config(timer, weights, x, rule, 0)
+    return rows
+
+
+def report(rows: list[dict]) -> str:
+    head = (f"{'shape':>6} {'M':>4} {'floor':>6} {'fused':>7} {'codes':>7} {'+quant':>7} {'2 launch':>8} "
+            f"{'rule':>7} {'%floor':>6}  best (block_m, block_n, swap, splits, warps, stages)")
+    lines = [head]
+    for r in rows:
+        b = r["best"]
+        two = r.get("second_reduce_launch_us")
+        lines.append(
+            f"{r['shape']:>6} {r['m']:>4} {r['floor_us']:>6.2f} {r['best_us']:>7.2f} {r.get('codes_us', float('nan')):>7.2f} "
+            f"{r.get('codes_plus_quant_us', float('nan')):>7.2f} {two if two is not None else float('nan'):>8.2f} "
+            f"{r.get('rule_codes_us', float('nan')):>7.2f} {100 * r['floor_us'] / r['best_us']:>5.0f}%  "
+            f"({b['block_m']}, {b['block_n']}, {b['swap_ab']}, {b['splits']}, {b['num_warps']}, {b['num_stages']})")
+    lines.append("(us per call. fused: bf16 in, quantized in the GEMM (w2: SwiGLU too), the best choice; codes: the same "
+                 "choice on pre-quantized codes; +quant: behind its own quantize launch; 2 launch: split-K summed in a "
+                 "second launch; rule: gemm_config's untuned rule on codes)")
+    return "\n".join(lines)
+
+
+def tuned_table(rows: list[dict]) -> str:
+    """The TUNED dict of kernels/fp8_configs.py; w1/w3 is not an engine shape (the MLP runs w13)."""
+    lines = ["TUNED = {"]
+    for r in rows:
+        b = r["best"]
+        lines.append(f"    ({r['n']}, {r['k']}, {r['m']}): ({b['block_m']}, {b['block_n']}, {b['swap_ab']}, "
+                     f"{b['splits']}, {b['num_warps']}, {b['num_stages']}),  # {r['shape']}, {r['best_us']:.2f} us")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m latency_bench.kernel_sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--m", default=",".join(map(str, MS)))
+    p.add_argument("--shapes", help="comma-separated subset of " + ",".join(s.name for s in SHAPES))
+    p.add_argument("--jobs", type=int, default=14, help="compile processes")
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", default="out/kernel_sweep")
+    a = p.parse_args(argv)
+    device = bench_device(a.smoke, "kernel_sweep")
+    if device is None:
+        return 2
+    import triton
+
+    shapes = SMOKE_SHAPES if a.smoke else SHAPES
+    if a.shapes:
+        shapes = [s for s in shapes if s.name in a.shapes.split(",")]
+    ms = [1, 3] if a.smoke else [int(x) for x in a.m.split(",")]
+    t0 = time.perf_counter()
+    rows = sweep(Timer(device, a.replays), shapes, ms, a.smoke, a.jobs)
+    print(report(rows))
+    print(tuned_table(rows))
+    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
+               "torch": torch.__version__, "triton": triton.__version__, "smoke": a.smoke,
+               "seconds": time.perf_counter() - t0, "rows": rows}
+    write_json(Path(a.out) / "kernel_sweep.json", results)
+    print(f"wrote {Path(a.out) / 'kernel_sweep.json'} ({results['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
