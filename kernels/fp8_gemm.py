@@ -12,7 +12,8 @@
 Two entry points, one kernel:
 - `fp8_gemm(a, a_scale, b, b_scale)`: activations already quantized (codes + scales).
 - `fp8_linear(x, b, b_scale)`: bf16 activations, quantized inside the GEMM's K loop, so a
-  linear layer is one launch; `swiglu=True` takes the fused w1/w3 output [M, 2H] and
+  linear layer is one launch (or, where the sweep measured it faster, in a launch of
+  their own first: `GemmConfig.quantize_in_gemm`); `swiglu=True` takes the fused w1/w3 output [M, 2H] and
   quantizes silu(gate) * up there (the MLP's down projection: no separate SwiGLU or
   quantization launch, no intermediate through memory). Each program quantizes the
   groups it streams, with the same arithmetic as quantize_act / swiglu_quant, so the codes
@@ -52,7 +53,7 @@ from torch import Tensor
 
 from kernels.fp8_configs import TUNED, TUNED_ON
 from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
-                               quantize_act_reference, swiglu_quant_reference)
+                               quantize_act, quantize_act_reference, swiglu_quant, swiglu_quant_reference)
 
 # Streaming multiprocessors when no CUDA device is visible (the interpreter): an H200's.
 DEFAULT_SMS = 132
@@ -82,6 +83,9 @@ class GemmConfig:
     num_stages: int = 4
     # split-K partials summed by the last split in the same launch (else a second launch)
     reduce_in_kernel: bool = True
+    # fp8_linear: quantize the bf16 activations inside the GEMM's K loop (one launch), else
+    # in their own launch first (quantize_act / swiglu_quant; the faster at larger M)
+    quantize_in_gemm: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -147,6 +151,16 @@ def _fp8_gemm_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     g0 = split * GROUPS_PER_SPLIT
+    if A_MODE != 0:
+        # bf16 activations are prefetched one group ahead (registers): their loads are
+        # not part of Triton's dot pipeline, and waiting on each one from L2 showed as
+        # ~0.3 us per group (H200, kernel_sweep)
+        x_rows = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
+        first = m_ok[:, None] & ((g0 * 128 + offs_k[None, :]) < K)
+        x_next = tl.load(x_rows + g0 * 128, mask=first, other=0.0)
+        u_next = x_next
+        if A_MODE == 2:
+            u_next = tl.load(x_rows + UP_OFFSET + g0 * 128, mask=first, other=0.0)
     for i in range(0, GROUPS_PER_SPLIT):
         g = g0 + i
         k = g * 128 + offs_k
@@ -178,10 +192,15 @@ def _fp8_gemm_kernel(
             else:
                 a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0)
         else:  # quantize the group here, as quantize_act (1) / swiglu_quant (2) would
-            x = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0).to(tl.float32)
+            x = x_next.to(tl.float32)
             if A_MODE == 2:
-                u = tl.load(a_ptr + UP_OFFSET + offs_m[:, None] * stride_am + k[None, :], mask=a_mask,
-                            other=0.0).to(tl.float32)
+                u = u_next.to(tl.float32)
+            # the next group of this split (masked off past its last one)
+            more = (offs_m * 0 + i + 1) < GROUPS_PER_SPLIT  # [BM]
+            ahead = m_ok[:, None] & more[:, None] & ((k[None, :] + 128) < K)
+            x_next = tl.load(x_rows + (g + 1) * 128, mask=ahead, other=0.0)
+            if A_MODE == 2:
+                u_next = tl.load(x_rows + UP_OFFSET + (g + 1) * 128, mask=ahead, other=0.0)
                 x = x * tl.sigmoid(x) * u  # silu(gate) * up, fp32 in registers only
             sa, inv = _pow2_scale(tl.max(tl.abs(x), axis=1))
             a = _to_e4m3(x * inv[:, None], SOFT_ROUND)
@@ -324,6 +343,11 @@ def fp8_linear(
     k = width // 2 if swiglu else width
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_common(x, b, b_scale, k, out_dtype)
+    if config is None:
+        config = gemm_config(m, b.shape[0], k, _num_sms(x.device.index if x.is_cuda else None))
+    if not config.quantize_in_gemm:
+        codes = swiglu_quant(x[:, :k], x[:, k:]) if swiglu else quantize_act(x)
+        return _launch(*codes, b, b_scale, out_dtype, config, A_CODES, k)
     return _launch(x, None, b, b_scale, out_dtype, config, A_SWIGLU if swiglu else A_BF16, k)
 
 
