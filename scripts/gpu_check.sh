@@ -8,6 +8,7 @@
 #   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
 #   bash scripts/gpu_check.sh sweep    # FP8 kernel tests and the GEMM tile sweep (~6 min)
+#   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
 #   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
@@ -119,8 +120,17 @@ fp8)
     ;;
 sweep)
     # FP8 kernel tests compiled, then the GEMM's tile sweep (kernels/fp8_configs.py comes from it)
-    timeout 200 python3 -m pytest -q "${fp8_tests[@]}" 2>&1 | tail -25 | tee "$out/fp8_tests.log"
+    timeout 200 python3 -m pytest -q "${fp8_tests[@]}" > "$out/fp8_tests.log" 2>&1; tail -5 "$out/fp8_tests.log"
     timeout 380 python3 -m latency_bench.kernel_sweep --out "$out/kernel_sweep" 2>&1 | tee "$out/kernel_sweep.log"
+    ;;
+fp8e2e)
+    # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table
+    timeout 150 python3 -m pytest -q "${fp8_tests[@]}" tests/test_step_kernels.py > "$out/fp8_tests.log" 2>&1; tail -4 "$out/fp8_tests.log"
+    for q in fp8 none; do
+        timeout 150 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q \
+            --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 | grep -v Warn | tail -12
+    done
+    timeout 150 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | grep -v "^  (skipped" | tee "$out/kernel_bench.log"
     ;;
 profile)
     timeout 200 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64 --steps 5 \

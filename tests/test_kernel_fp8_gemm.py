@@ -11,6 +11,7 @@ import dataclasses
 
 from kernels.fp8_gemm import (GemmConfig, _counter_buffers, _launch, check_scales, fp8_gemm, fp8_gemm_reference,
                               fp8_linear, fp8_linear_reference, gemm_config)
+from kernels.fp8_configs import TUNED
 from kernels.fp8_quant import quantize_act, quantize_act_reference, quantize_weight, swiglu_quant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -50,6 +51,7 @@ CASES = [  # (M, N, K, config): swap / no swap, split / no split, K < 128, ragge
     (3, 200, 700, GemmConfig(16, 64, True, splits=3)),  # ragged last split
     (17, 72, 300, GemmConfig(32, 32, False, splits=2)),
     (64, 130, 384, GemmConfig(64, 128, False, splits=3)),
+    (5, 200, 700, GemmConfig(16, 64, True, splits=3, quantize_in_gemm=False)),  # quantize launch first
 ]
 
 
@@ -228,10 +230,16 @@ def test_configs_depend_on_shapes_only(m, n, k):
         assert c.block_m >= min(m, 128)  # decode rows fit the narrow side: one M tile
 
 
-def test_decode_shapes_fill_the_gpu_at_batch_one():
+def test_measured_choices_cover_the_s2_pro_shapes_at_every_decode_bucket():
+    """Every engine GEMM shape has a measured choice for every M class (kernels/fp8_configs.py),
+    each a valid launch: the Runner's graphs never fall back to the untuned rule."""
     for k, n in S2_PRO:
-        c = gemm_config(1, n, k)
-        assert -(-n // c.block_n) * c.splits >= 132, (k, n, c)
+        for mc in (1, 2, 4, 8, 16, 32, 64, 128):
+            assert (n, k, mc) in TUNED, (n, k, mc)
+            c = gemm_config(mc, n, k)
+            assert c == GemmConfig(*TUNED[(n, k, mc)])
+            groups = -(-k // 128)
+            assert -(-groups // -(-groups // c.splits)) == c.splits  # no empty split
 
 
 @pytest.mark.gpu
@@ -277,7 +285,7 @@ def test_graph_replay_matches_eager_without_syncs():
 def test_one_launch_linear_and_swiglu_replay_in_a_graph():
     """fp8_linear with the in-launch split-K reduce, and its SwiGLU variant, captured in a
     CUDA graph: no host sync, exactly the eager result on new inputs, counters left zeroed."""
-    x, w = operands(4, 2560, 9728)
+    x, w = operands(4, 9728, 2560)  # x [4, 2560], w [9728, 2560]
     b, b_s = quantize_weight(w)
     b2, b2_s = quantize_weight(operands(4, 2560, 4864, seed=1)[1])  # [2560, 4864]: K = H
     split = GemmConfig(16, 64, True, splits=4)
