@@ -125,7 +125,8 @@ def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
     want = round(PROGRAMS_PER_SM * sms / tiles)
     splits = max(1, min(want, groups // MIN_GROUPS_PER_SPLIT, MAX_SPLITS))
     splits = triton.cdiv(groups, triton.cdiv(groups, splits))  # no empty split
-    return GemmConfig(block_m, block_n, swap, splits)
+    # the sweep: quantizing in the K loop pays at M <= 32 only
+    return GemmConfig(block_m, block_n, swap, splits, quantize_in_gemm=mc <= 32)
 
 
 @triton.jit(do_not_specialize=["M", "GROUPS_PER_SPLIT"])
