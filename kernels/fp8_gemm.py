@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_configs import TUNED, TUNED_ON
+from kernels.fp8_configs import TUNED
 from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
                                quantize_act, quantize_act_reference, swiglu_quant, swiglu_quant_reference)
 
