@@ -283,6 +283,18 @@ def test_phone_head_learns_phones_from_the_semantic_codebook_and_is_not_exported
     assert not any("phone" in k for k in trainer.codec.state_dict())  # the exported codec has no head
 
 
+def test_utterance_batches_all_have_one_length():
+    """cuDNN (benchmark on, on the GPU) times every new input shape: batches must not each
+    have a length of their own (padding past an utterance's frames is outside its CTC input)."""
+    from engine.train.audio_data import UtteranceSampler
+
+    sampler = UtteranceSampler(_phone_data(), 20 * CODEC.hop_length + 5, CODEC.hop_length, "cpu")
+    for _ in range(30):
+        x, frames, _, _ = sampler.batch(3)
+        assert x.shape[1] == 21 * CODEC.hop_length
+        assert int(frames.max()) * CODEC.hop_length <= x.shape[1]
+
+
 def test_codec_export_loads_and_decodes_like_training(tmp_path: Path):
     from engine.codec.loader import load_codec
     from engine.train.codec_train import export
