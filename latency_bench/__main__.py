@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from latency_bench.loadgen import Workload, run_level
-from latency_bench.report import aggregate, plot, ratios, table, write_json
+from latency_bench.jsonfile import write_json
+from latency_bench.report import aggregate, plot, ratios, table
 from latency_bench.serverproc import service
 
 

@@ -21,7 +21,7 @@ import torch
 from engine.bundle import load_bundle
 from engine.runner import Runner
 from engine.sampling import SamplingParams
-from latency_bench.report import write_json
+from latency_bench.jsonfile import write_json
 
 
 def _sync(device: torch.device) -> None:

@@ -20,7 +20,6 @@ count only from the GPU; `--smoke` times the Triton interpreter and means nothin
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from latency_bench.jsonfile import write_json
 
 HBM_BYTES_PER_S = 4.3e12  # H200 HBM3e copy bandwidth
 FP8_FLOPS = 990e12  # H200 dense e4m3 tensor-core peak
@@ -198,21 +199,6 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
 
 
 # --- report -----------------------------------------------------------------------------
-
-def write_json(path: Path, data: dict) -> None:
-    """NaN (a baseline that refused a shape) is written as null. Not latency_bench.report's
-    writer: that module imports the load generator (websockets, msgpack), which the GPU
-    image may lack."""
-    def clean(x):
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        return [clean(v) for v in x] if isinstance(x, list) else x
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(clean(data), indent=1))
-
 
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 
+from latency_bench.jsonfile import write_json
 from latency_bench.kernel_bench import (GROUP, SHAPES, SMOKE_SHAPES, Shape, Timer, bench_device, copies_for,
-                                        floors, make_weights, write_json)
+                                        floors, make_weights)
 
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 # (block_n, num_warps, num_stages) of the swapped decode tiles; (block_m, block_n, warps,

@@ -1,8 +1,7 @@
-"""Aggregating a level's connections, and the table / JSON / PNG outputs."""
+"""Aggregating a level's connections, and the table and PNG outputs (JSON: jsonfile.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -78,21 +77,6 @@ def ratios(main: list[dict], baseline: list[dict]) -> list[dict]:
             "frames_per_s_ratio": lv["frames_per_s"] / b["frames_per_s"] if b["frames_per_s"] else math.nan,
         })
     return out
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_clean(data), indent=1))  # NaN (no data) is written as null
-
-
-def _clean(x):
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_clean(v) for v in x]
-    return x
 
 
 def plot(path: Path, runs: dict[str, list[dict]], title: str) -> None:

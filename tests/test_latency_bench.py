@@ -105,3 +105,18 @@ def test_cpu_sweep_writes_table_json_and_plot(tmp_path):
         assert lv["errors"] == 0 and lv["turns"] == 2 * lv["concurrency"]
         assert lv["ttfa_s"]["p50"] > 0 and lv["frames_per_s"] > 0
     assert (out / "ttfa_throughput.png").stat().st_size > 10_000
+
+
+def test_gpu_side_benchmarks_need_no_service_packages():
+    """The GPU machine's image lacks websockets, starlette, uvicorn, msgpack and PyAV unless
+    their wheels travel: the engine, kernel and profiling benchmarks must run without them
+    (an engine bench call there failed on `import websockets` once)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('websockets', 'starlette', 'uvicorn', 'msgpack', 'av'): sys.modules[m] = None\n"
+            "import latency_bench.engine_bench, latency_bench.kernel_bench, latency_bench.kernel_sweep\n"
+            "import latency_bench.profile_step, latency_bench.profile_codec\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
