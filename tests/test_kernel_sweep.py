@@ -1,0 +1,49 @@
+"""The FP8 tile sweep's plan and its output table (the timing itself runs on the GPU:
+`python -m latency_bench.kernel_sweep`)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from kernels.fp8_gemm import GemmConfig
+from latency_bench.kernel_bench import SHAPES
+from latency_bench.kernel_sweep import MAX_PROGRAMS, candidates, cdiv, compile_key, split_choices, tuned_table
+
+
+def test_splits_leave_no_split_empty_and_stream_two_groups_or_more():
+    for shape in SHAPES:
+        groups = cdiv(shape.k, 128)
+        for s in split_choices(shape.k):
+            per = cdiv(groups, s)
+            assert cdiv(groups, per) == s and (s == 1 or per >= 2), (shape, s)
+
+
+def test_candidates_fit_the_batch_and_the_grid():
+    for shape in SHAPES:
+        for m in (1, 16, 64, 128):
+            cands = candidates(shape, m)
+            assert cands and len(set(cands)) == len(cands)
+            for c in cands:
+                if c.swap_ab:
+                    assert m <= 64 and c.block_m >= m  # one M tile on the narrow side
+                assert c.splits == 1 or cdiv(shape.n, c.block_n) * cdiv(m, c.block_m) * c.splits <= MAX_PROGRAMS
+            # both ways of quantizing the activations are timed for every tile choice
+            assert {c.quantize_in_gemm for c in cands} == {True, False}
+
+
+def test_compile_keys_ignore_the_runtime_values():
+    shape = SHAPES[0]
+    a, b = GemmConfig(16, 64, True, splits=2), GemmConfig(16, 64, True, splits=4)
+    assert compile_key(shape, 1, a, 1) == compile_key(shape, 16, b, 1)  # M and the split length are runtime values
+    assert compile_key(shape, 1, a, 1) != compile_key(shape, 1, GemmConfig(16, 64, True), 1)  # no split: another variant
+    # quantizing in a launch first compiles the plain-codes variant, whatever the mode
+    assert compile_key(shape, 1, GemmConfig(16, 64, True, quantize_in_gemm=False), 2)[4] == 0
+
+
+def test_tuned_table_is_python_that_builds_the_configs():
+    best = GemmConfig(16, 128, True, 5, 8, 3, True, False)
+    rows = [{"shape": "wqkv", "n": 6144, "k": 2560, "m": 1, "best": dataclasses.asdict(best), "best_us": 8.41}]
+    text = tuned_table(rows)
+    table = ast.literal_eval(text.split("=", 1)[1].strip())
+    assert GemmConfig(*table[(6144, 2560, 1)]) == best
