@@ -1,7 +1,7 @@
 """Measured launch choices of kernels/fp8_gemm.py for the S2-Pro / Qwen3-4B linear shapes.
 
 (N, K, M class) -> (block_m, block_n, swap_ab, splits, num_warps, num_stages,
-reduce_in_kernel, quantize_in_gemm), the fastest
+reduce_in_kernel, quantize_in_gemm[, backend]), the fastest
 of `python -m latency_bench.kernel_sweep` (bf16 activations quantized in the kernel, the
 engine's path: w2 behind the SwiGLU); shapes and M classes not listed fall back to
 gemm_config's rule. The times are per call, bf16 activations in, inside a CUDA graph that
@@ -11,7 +11,7 @@ The fast transformer's layers have the same widths, so the same entries.
 """
 
 TUNED_ON = "NVIDIA H200, torch 2.11 + CUDA 13, triton 3.6, 2026-12-01 (latency_bench.kernel_sweep)"
-TUNED: dict[tuple[int, int, int], tuple[int, int, bool, int, int, int, bool, bool]] = {
+TUNED: dict[tuple[int, int, int], tuple] = {  # GemmConfig's fields in order
     (6144, 2560, 1): (16, 128, True, 5, 8, 3, True, True),  # wqkv: 8.41 us
     (6144, 2560, 2): (16, 128, True, 5, 8, 3, True, True),  # wqkv: 8.55 us
     (6144, 2560, 4): (16, 128, True, 5, 8, 3, True, True),  # wqkv: 8.60 us

@@ -13,11 +13,13 @@ Two entry points, one kernel:
 - `fp8_gemm(a, a_scale, b, b_scale)`: activations already quantized (codes + scales).
 - `fp8_linear(x, b, b_scale)`: bf16 activations, quantized inside the GEMM's K loop, so a
   linear layer is one launch (or, where the sweep measured it faster, in a launch of
-  their own first: `GemmConfig.quantize_in_gemm`); `swiglu=True` takes the fused w1/w3 output [M, 2H] and
-  quantizes silu(gate) * up there (the MLP's down projection: no separate SwiGLU or
-  quantization launch, no intermediate through memory). Each program quantizes the
-  groups it streams, with the same arithmetic as quantize_act / swiglu_quant, so the codes
-  and scales are bit for bit the ones those kernels would have written. The activation rows
+  their own first: `GemmConfig.quantize_in_gemm`; or, a candidate the sweep times,
+  through cuBLAS's block-scaled GEMM: `GemmConfig.backend = "cublas"`). `swiglu=True`
+  takes the fused w1/w3 output [M, 2H] and quantizes silu(gate) * up there (the MLP's
+  down projection: no separate SwiGLU or quantization launch, no intermediate through
+  memory). Each program quantizes the groups it streams, with the same arithmetic as
+  quantize_act / swiglu_quant, so the codes and scales are bit for bit the ones those
+  kernels would have written. The activation rows
   are re-read by every N tile (from L2: M x K is tiny next to N x K at decode sizes).
 
 The kernel addresses scales as `a_scale + m * KB + g` and `b_scale + (n // 128) * KB + g`,
@@ -67,6 +69,7 @@ REDUCE_BLOCK = 1024
 COUNTER_SLOTS = 16384
 
 A_CODES, A_BF16, A_SWIGLU = 0, 1, 2  # the kernel's A_MODE
+BACKENDS = ("triton", "cublas")
 SPLIT_NONE, SPLIT_SEPARATE_REDUCE, SPLIT_LAST_REDUCES = 0, 1, 2  # its SPLIT_MODE
 
 
@@ -86,8 +89,14 @@ class GemmConfig:
     # fp8_linear: quantize the bf16 activations inside the GEMM's K loop (one launch), else
     # in their own launch first (quantize_act / swiglu_quant; the faster at larger M)
     quantize_in_gemm: bool = True
+    # "triton": this module's kernel; "cublas": cuBLAS's block-scaled FP8 GEMM (the same
+    # function, torch._scaled_mm with 1 x 128 / 128 x 128 scales; Hopper, cuBLASLt >= 12.9;
+    # the tile fields are then unused and the activations are quantized in a launch first)
+    backend: str = "triton"
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
@@ -322,6 +331,8 @@ def fp8_gemm(
     if a_scale.device != a.device:
         raise ValueError("a and a_scale must be on one device")
     check_scales("a_scale", a_scale, m, triton.cdiv(k, GROUP))
+    if config is not None and config.backend == "cublas":
+        return cublas_block_gemm(a, a_scale.t().contiguous().t(), b, b_scale, out_dtype)
     return _launch(a, a_scale, b, b_scale, out_dtype, config, A_CODES, k)
 
 
@@ -346,6 +357,9 @@ def fp8_linear(
     _check_common(x, b, b_scale, k, out_dtype)
     if config is None:
         config = gemm_config(m, b.shape[0], k, _num_sms(x.device.index if x.is_cuda else None))
+    if config.backend == "cublas":
+        codes = swiglu_quant(x[:, :k], x[:, k:], m_major_scales=True) if swiglu else quantize_act(x, m_major_scales=True)
+        return cublas_block_gemm(*codes, b, b_scale, out_dtype)
     if not config.quantize_in_gemm:
         codes = swiglu_quant(x[:, :k], x[:, k:]) if swiglu else quantize_act(x)
         return _launch(*codes, b, b_scale, out_dtype, config, A_CODES, k)
@@ -388,6 +402,32 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
             partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK,
         )
     return out
+
+
+def cublas_supported(n: int, k: int, out_dtype: torch.dtype) -> bool:
+    """Shapes cuBLAS's block-scaled GEMM takes with this module's layouts as they are:
+    whole 128 x 128 weight blocks, and weight-scale columns (K / 128) a multiple of 4
+    (cuBLAS reads them in fours; other K would need padded scales). All S2-Pro shapes."""
+    return n % GROUP == 0 and k % (4 * GROUP) == 0 and out_dtype in (torch.bfloat16, torch.float16)
+
+
+def cublas_block_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """The same product through cuBLAS (torch._scaled_mm recognizes 1 x 128 and 128 x 128
+    block scaling from the scale shapes): a [M, K] e4m3 with `a_scale` [M, KB] in M-major
+    strides (1, M) (quantize_act(..., m_major_scales=True)); b [N, K] and b_scale [NB, KB]
+    row-major as stored, read as b.T [K, N] (column-major) and b_scale.T [KB, NB]. cuBLAS
+    checks the shapes; this checks the strides, which it would read without a word."""
+    m, k = a.shape
+    n = b.shape[0]
+    if not cublas_supported(n, k, out_dtype):
+        raise ValueError(f"cuBLAS block-scaled GEMM needs N % 128 == 0, K % 512 == 0 and a bf16/fp16 output; "
+                         f"got N={n}, K={k}, {out_dtype}")
+    kb = k // GROUP
+    if tuple(a_scale.shape) != (m, kb) or (m > 1 and a_scale.stride(0) != 1) or (kb > 1 and a_scale.stride(1) != m):
+        raise ValueError(f"a_scale must be [{m}, {kb}] with strides (1, {m}) (M-major) for cuBLAS, "
+                         f"got {list(a_scale.shape)} with strides {a_scale.stride()}")
+    check_scales("b_scale", b_scale, n // GROUP, kb)
+    return torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale.t(), out_dtype=out_dtype)
 
 
 # --- references (plain PyTorch, the same functions) ------------------------------------

@@ -95,12 +95,12 @@ def _to_e4m3(y, SOFT_ROUND: tl.constexpr):
 
 
 @triton.jit
-def _quantize_groups(x, q_row, s_row, offs_g, offs_k, k_ok, NUM_GROUPS, SOFT_ROUND: tl.constexpr):
+def _quantize_groups(x, q_row, s_row, stride_sg, offs_g, offs_k, k_ok, NUM_GROUPS, SOFT_ROUND: tl.constexpr):
     """x [G, 128] fp32 (zeros past the edge) -> codes and scales of one row's groups."""
     scale, inv = _pow2_scale(tl.max(tl.abs(x), axis=1))
     q = _to_e4m3(x * inv[:, None], SOFT_ROUND)
     tl.store(q_row + offs_k, q, mask=k_ok)
-    tl.store(s_row + offs_g, scale, mask=offs_g < NUM_GROUPS)
+    tl.store(s_row + offs_g * stride_sg, scale, mask=offs_g < NUM_GROUPS)
 
 
 # --- activations -----------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _quantize_groups(x, q_row, s_row, offs_g, offs_k, k_ok, NUM_GROUPS, SOFT_ROU
 @triton.jit
 def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr,
-    K, NUM_GROUPS, stride_xm, stride_qm, stride_sm,
+    K, NUM_GROUPS, stride_xm, stride_qm, stride_sm, stride_sg,
     GROUPS: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     m = tl.program_id(0)
@@ -116,13 +116,14 @@ def _quant_act_kernel(
     offs_k = offs_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
     k_ok = offs_k < K
     x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    _quantize_groups(x, q_ptr + m * stride_qm, s_ptr + m * stride_sm, offs_g, offs_k, k_ok, NUM_GROUPS, SOFT_ROUND)
+    _quantize_groups(x, q_ptr + m * stride_qm, s_ptr + m * stride_sm, stride_sg, offs_g, offs_k, k_ok, NUM_GROUPS,
+                     SOFT_ROUND)
 
 
 @triton.jit
 def _swiglu_quant_kernel(
     g_ptr, u_ptr, q_ptr, s_ptr,
-    H, NUM_GROUPS, stride_gm, stride_um, stride_qm, stride_sm,
+    H, NUM_GROUPS, stride_gm, stride_um, stride_qm, stride_sm, stride_sg,
     GROUPS: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     m = tl.program_id(0)
@@ -132,7 +133,8 @@ def _swiglu_quant_kernel(
     g = tl.load(g_ptr + m * stride_gm + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + m * stride_um + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     h = g * tl.sigmoid(g) * u  # silu(gate) * up, fp32 in registers only
-    _quantize_groups(h, q_ptr + m * stride_qm, s_ptr + m * stride_sm, offs_g, offs_k, k_ok, NUM_GROUPS, SOFT_ROUND)
+    _quantize_groups(h, q_ptr + m * stride_qm, s_ptr + m * stride_sm, stride_sg, offs_g, offs_k, k_ok, NUM_GROUPS,
+                     SOFT_ROUND)
 
 
 def _check_activation(name: str, x: Tensor) -> None:
@@ -144,39 +146,43 @@ def _check_activation(name: str, x: Tensor) -> None:
         raise ValueError(f"{name} must have unit stride along K, got strides {x.stride()}")
 
 
-def _outputs(m: int, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def _outputs(m: int, k: int, device: torch.device, m_major_scales: bool) -> tuple[Tensor, Tensor]:
     q = torch.empty(m, k, device=device, dtype=FP8)
-    s = torch.empty(m, triton.cdiv(k, GROUP), device=device, dtype=torch.float32)
-    return q, s
+    if m_major_scales:  # [M, KB] with strides (1, M): the layout cuBLAS's 1 x 128 scaling reads
+        return q, torch.empty(triton.cdiv(k, GROUP), m, device=device, dtype=torch.float32).t()
+    return q, torch.empty(m, triton.cdiv(k, GROUP), device=device, dtype=torch.float32)
 
 
-def quantize_act(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x [M, K] -> (codes [M, K] e4m3, scales [M, cdiv(K, 128)] fp32), one launch."""
+def quantize_act(x: Tensor, m_major_scales: bool = False) -> tuple[Tensor, Tensor]:
+    """x [M, K] -> (codes [M, K] e4m3, scales [M, cdiv(K, 128)] fp32), one launch. The
+    scales are row-major (what kernels/fp8_gemm.py reads) unless `m_major_scales`: the
+    same values with strides (1, M), what cuBLAS's 1 x 128 block scaling reads."""
     _check_activation("x", x)
     m, k = x.shape
-    q, s = _outputs(m, k, x.device)
+    q, s = _outputs(m, k, x.device, m_major_scales)
     groups = s.shape[1]
     if m and k:
         _quant_act_kernel[(m, triton.cdiv(groups, GROUPS_PER_PROGRAM))](
-            x, q, s, k, groups, x.stride(0), q.stride(0), s.stride(0),
+            x, q, s, k, groups, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
             GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(),
         )
     return q, s
 
 
-def swiglu_quant(gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+def swiglu_quant(gate: Tensor, up: Tensor, m_major_scales: bool = False) -> tuple[Tensor, Tensor]:
     """silu(gate) * up, quantized: gate, up [M, H] (e.g. the two halves of a fused
-    w1/w3 GEMM output, row stride 2H) -> (codes [M, H] e4m3, scales [M, cdiv(H, 128)])."""
+    w1/w3 GEMM output, row stride 2H) -> (codes [M, H] e4m3, scales [M, cdiv(H, 128)];
+    `m_major_scales` as in quantize_act)."""
     _check_activation("gate", gate)
     _check_activation("up", up)
     if gate.shape != up.shape or gate.dtype != up.dtype:
         raise ValueError(f"gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} differ")
     m, h = gate.shape
-    q, s = _outputs(m, h, gate.device)
+    q, s = _outputs(m, h, gate.device, m_major_scales)
     groups = s.shape[1]
     if m and h:
         _swiglu_quant_kernel[(m, triton.cdiv(groups, GROUPS_PER_PROGRAM))](
-            gate, up, q, s, h, groups, gate.stride(0), up.stride(0), q.stride(0), s.stride(0),
+            gate, up, q, s, h, groups, gate.stride(0), up.stride(0), q.stride(0), s.stride(0), s.stride(1),
             GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(),
         )
     return q, s

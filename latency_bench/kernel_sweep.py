@@ -2,8 +2,8 @@
 
 For every S2-Pro linear shape and batch M it times the tile choices around the MMA shapes
 (swapped 16..64-wide tiles for decode, 64/128-row tiles for larger M; weight tiles of
-32..256 rows; 3..6 pipeline stages; 4 or 8 warps; every K split that leaves no split
-empty), on the engine's path: bf16 activations quantized inside the GEMM (`fp8_linear`;
+64..256 rows; 3 or 4 pipeline stages; 4 or 8 warps; every K split that leaves no split
+empty), and cuBLAS's block-scaled FP8 GEMM, on the engine's path: bf16 activations quantized inside the GEMM (`fp8_linear`;
 the SwiGLU variant for w2, as the MLP runs it). Then, at each best choice, what the
 other paths cost: the split-K sum in a second launch, and the GEMM on pre-quantized codes
 alone and behind its own quantize launch. Writes <out>/kernel_sweep.json, prints the
@@ -59,7 +59,7 @@ def split_choices(k: int) -> list[int]:
 
 
 def candidates(shape: Shape, m: int, smoke: bool = False):
-    from kernels.fp8_gemm import GemmConfig, m_class
+    from kernels.fp8_gemm import GemmConfig, cublas_supported, m_class
 
     mc = m_class(m)
     tiles = []
@@ -75,6 +75,8 @@ def candidates(shape: Shape, m: int, smoke: bool = False):
             if cdiv(shape.n, bn) * cdiv(m, bm) * s <= MAX_PROGRAMS or s == 1:
                 for fused in (True, False):  # activations quantized in the GEMM, or in a launch before it
                     out.append(GemmConfig(bm, bn, swap, s, warps, stages, quantize_in_gemm=fused))
+    if cublas_supported(shape.n, shape.k, torch.bfloat16):  # cuBLAS's block-scaled GEMM (tile fields unused)
+        out.append(GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas"))
     return out
 
 
@@ -86,6 +88,8 @@ def compile_key(shape: Shape, m: int, cfg, a_mode: int) -> tuple:
     groups = cdiv(shape.k, GROUP)
     per = cdiv(groups, cfg.splits)
     even = shape.k % GROUP == 0 and groups % per == 0
+    if cfg.backend == "cublas":
+        return ("cublas", a_mode)  # only the quantize kernels compile
     split_mode = 0 if cfg.splits == 1 else (2 if cfg.reduce_in_kernel else 1)
     a_mode = a_mode if cfg.quantize_in_gemm else 0
     return (cfg.block_m, cfg.block_n, cfg.swap_ab, even, a_mode, split_mode, cfg.num_warps, cfg.num_stages)
@@ -191,11 +195,13 @@ def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: i
             timed = [t for t in timed if t[0] == t[0]]  # NaN: a variant that failed
             timed.sort(key=lambda t: t[0])
             best_us, best = timed[0]
-            fused = [us for us, c in timed if c.quantize_in_gemm]
-            separate = [us for us, c in timed if not c.quantize_in_gemm]
+            fused = [us for us, c in timed if c.quantize_in_gemm and c.backend == "triton"]
+            separate = [us for us, c in timed if not c.quantize_in_gemm and c.backend == "triton"]
+            cublas = [us for us, c in timed if c.backend == "cublas"]
             rows.append({"shape": shape.name, "n": shape.n, "k": shape.k, "m": m, "a_mode": a_mode,
                          "best": dataclasses.asdict(best), "best_us": best_us,
                          "best_fused_us": fused[0] if fused else None, "best_separate_us": separate[0] if separate else None,
+                         "cublas_us": cublas[0] if cublas else None,
                          "top": [{"us": us, "config": dataclasses.asdict(c)} for us, c in timed[:8]],
                          "all": [{"us": us, "config": dataclasses.asdict(c)} for us, c in timed],
                          "floor_us": floors(m, shape.k, shape.n)["floor_us"]})
@@ -228,19 +234,22 @@ def _f(x) -> float:
 
 
 def report(rows: list[dict]) -> str:
-    head = (f"{'shape':>6} {'M':>4} {'floor':>6} {'best':>7} {'fused':>7} {'separate':>8} {'codes':>7} {'2 launch':>8} "
-            f"{'rule':>7} {'%floor':>6}  best (block_m, block_n, swap, splits, warps, stages, quantize in gemm)")
+    head = (f"{'shape':>6} {'M':>4} {'floor':>6} {'best':>7} {'fused':>7} {'separate':>8} {'cublas':>7} {'codes':>7} "
+            f"{'2 launch':>8} {'rule':>7} {'%floor':>6}  best (block_m, block_n, swap, splits, warps, stages, "
+            "quantize in gemm, backend)")
     lines = [head]
     for r in rows:
         b = r["best"]
         lines.append(
             f"{r['shape']:>6} {r['m']:>4} {r['floor_us']:>6.2f} {r['best_us']:>7.2f} {_f(r['best_fused_us']):>7.2f} "
-            f"{_f(r['best_separate_us']):>8.2f} {_f(r.get('codes_us')):>7.2f} {_f(r.get('second_reduce_launch_us')):>8.2f} "
-            f"{_f(r.get('rule_codes_us')):>7.2f} {100 * r['floor_us'] / r['best_us']:>5.0f}%  "
+            f"{_f(r['best_separate_us']):>8.2f} {_f(r.get('cublas_us')):>7.2f} {_f(r.get('codes_us')):>7.2f} "
+            f"{_f(r.get('second_reduce_launch_us')):>8.2f} {_f(r.get('rule_codes_us')):>7.2f} "
+            f"{100 * r['floor_us'] / r['best_us']:>5.0f}%  "
             f"({b['block_m']}, {b['block_n']}, {b['swap_ab']}, {b['splits']}, {b['num_warps']}, {b['num_stages']}, "
-            f"{b['quantize_in_gemm']})")
+            f"{b['quantize_in_gemm']}, {b['backend']})")
     lines.append("(us per call, bf16 activations in (w2: the SwiGLU input). best: the fastest choice; fused / separate: "
-                 "the fastest with the activations quantized in the GEMM / in a launch before it; codes: the best "
+                 "the fastest Triton choice with the activations quantized in the GEMM / in a launch before it; cublas: "
+                 "cuBLAS's block-scaled GEMM behind the same quantize launch; codes: the best "
                  "tiles on pre-quantized codes, the GEMM alone; 2 launch: the best with split-K summed in a second "
                  "launch; rule: gemm_config's untuned rule on codes)")
     return "\n".join(lines)
@@ -253,7 +262,7 @@ def tuned_table(rows: list[dict]) -> str:
         b = r["best"]
         lines.append(f"    ({r['n']}, {r['k']}, {r['m']}): ({b['block_m']}, {b['block_n']}, {b['swap_ab']}, "
                      f"{b['splits']}, {b['num_warps']}, {b['num_stages']}, {b['reduce_in_kernel']}, "
-                     f"{b['quantize_in_gemm']}),  # {r['shape']}, {r['best_us']:.2f} us")
+                     f"{b['quantize_in_gemm']}, {b['backend']!r}),  # {r['shape']}, {r['best_us']:.2f} us")
     lines.append("}")
     return "\n".join(lines)
 

@@ -9,8 +9,8 @@ import torch
 
 import dataclasses
 
-from kernels.fp8_gemm import (GemmConfig, _counter_buffers, _launch, check_scales, fp8_gemm, fp8_gemm_reference,
-                              fp8_linear, fp8_linear_reference, gemm_config)
+from kernels.fp8_gemm import (GemmConfig, _counter_buffers, _launch, check_scales, cublas_block_gemm, fp8_gemm,
+                              fp8_gemm_reference, fp8_linear, fp8_linear_reference, gemm_config)
 from kernels.fp8_configs import TUNED
 from kernels.fp8_quant import quantize_act, quantize_act_reference, quantize_weight, swiglu_quant
 
@@ -312,3 +312,42 @@ def test_one_launch_linear_and_swiglu_replay_in_a_graph():
     torch.testing.assert_close(static_gu, gu, rtol=0, atol=0)
     torch.testing.assert_close(static_out, out, rtol=0, atol=0)
     assert all(int(buf.abs().sum()) == 0 for buf in _counter_buffers.values())
+
+
+# --- cuBLAS's block-scaled GEMM (a launch choice the sweep times) ----------------------
+
+def test_cublas_path_checks_its_layouts_before_calling_cublas():
+    """cuBLAS checks the scale shapes but would read any strides: M-major activation
+    scales and the stored weight layouts are checked here, and shapes it cannot take
+    with them are refused with the reason."""
+    x, w = operands(5, 256, 512)
+    b, b_s = quantize_weight(w)
+    a, a_s = quantize_act(x)
+    with pytest.raises(ValueError, match="M-major"):
+        cublas_block_gemm(a, a_s, b, b_s, torch.bfloat16)  # row-major scales: the Triton kernel's layout
+    with pytest.raises(ValueError, match="K % 512"):
+        x2, w2 = operands(5, 256, 384)
+        cublas_block_gemm(*quantize_act(x2, m_major_scales=True), *quantize_weight(w2), torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        cublas_block_gemm(*quantize_act(x, m_major_scales=True), b, b_s, torch.float32)
+    with pytest.raises(ValueError, match="backend"):
+        GemmConfig(16, 64, True, backend="cutlass")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 300])
+@pytest.mark.parametrize("k, n", S2_PRO)
+def test_cublas_path_matches_reference(m, n, k):
+    """Where torch's cuBLAS has block scaling (Hopper, cuBLASLt >= 12.9), the same function
+    as the kernel; the sweep reports NaN for it where not."""
+    x, w = operands(m, n, k)
+    b, b_s = quantize_weight(w)
+    cfg = GemmConfig(16, 64, True, backend="cublas")
+    try:
+        out = fp8_linear(x.bfloat16(), b, b_s, config=cfg)
+    except RuntimeError as e:
+        pytest.skip(f"this torch/cuBLAS has no block-scaled FP8 GEMM: {str(e).splitlines()[0][:200]}")
+    assert rel(out, fp8_linear_reference(x.bfloat16(), b, b_s)) < TOL[torch.bfloat16]
+    gate_up = torch.randn(m, 2 * k, device=DEVICE).bfloat16()
+    out = fp8_linear(gate_up, b, b_s, swiglu=True, config=cfg)
+    assert rel(out, fp8_linear_reference(gate_up, b, b_s, swiglu=True)) < TOL[torch.bfloat16]

@@ -137,3 +137,18 @@ def test_hardware_cast_matches_reference_exactly(dtype):
     q, s = swiglu_quant(gu[:, :9728], gu[:, 9728:])
     q_ref, s_ref = swiglu_quant_reference(gu[:, :9728], gu[:, 9728:])
     assert (q.float() == q_ref.float()).float().mean() > 0.999
+
+
+@pytest.mark.parametrize("m, k", [(1, 512), (5, 300), (17, 1024)])
+def test_m_major_scales_are_the_same_values_in_cublas_layout(m, k):
+    """cuBLAS's 1 x 128 block scaling reads activation scales M-major (strides (1, M));
+    the quantize kernels write that layout directly, the same values as row-major."""
+    x = torch.randn(m, 2 * k, generator=torch.Generator().manual_seed(m)).to(DEVICE)
+    for quantize in (lambda mm: quantize_act(x[:, :k], m_major_scales=mm),
+                     lambda mm: swiglu_quant(x[:, :k], x[:, k:], m_major_scales=mm)):
+        q, s = quantize(False)
+        q_mm, s_mm = quantize(True)
+        assert torch.equal(q_mm.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s_mm, s)
+        assert s.is_contiguous() and s_mm.shape == s.shape
+        if m > 1:
+            assert s_mm.stride() == (1, m)

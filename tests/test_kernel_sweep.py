@@ -24,7 +24,8 @@ def test_candidates_fit_the_batch_and_the_grid():
         for m in (1, 16, 64, 128):
             cands = candidates(shape, m)
             assert cands and len(set(cands)) == len(cands)
-            for c in cands:
+            assert sum(c.backend == "cublas" for c in cands) == 1  # cuBLAS's block-scaled GEMM, once
+            for c in (c for c in cands if c.backend == "triton"):
                 if c.swap_ab:
                     assert m <= 64 and c.block_m >= m  # one M tile on the narrow side
                 assert c.splits == 1 or cdiv(shape.n, c.block_n) * cdiv(m, c.block_m) * c.splits <= MAX_PROGRAMS
@@ -43,7 +44,9 @@ def test_compile_keys_ignore_the_runtime_values():
 
 def test_tuned_table_is_python_that_builds_the_configs():
     best = GemmConfig(16, 128, True, 5, 8, 3, True, False)
-    rows = [{"shape": "wqkv", "n": 6144, "k": 2560, "m": 1, "best": dataclasses.asdict(best), "best_us": 8.41}]
+    cublas = GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas")
+    rows = [{"shape": "wqkv", "n": 6144, "k": 2560, "m": m, "best": dataclasses.asdict(c), "best_us": 8.41}
+            for m, c in ((1, best), (64, cublas))]
     text = tuned_table(rows)
     table = ast.literal_eval(text.split("=", 1)[1].strip())
-    assert GemmConfig(*table[(6144, 2560, 1)]) == best
+    assert GemmConfig(*table[(6144, 2560, 1)]) == best and GemmConfig(*table[(6144, 2560, 64)]) == cublas
