@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -113,8 +113,9 @@ def _num_sms(device_index: int | None) -> int:
 
 
 def m_class(m: int) -> int:
-    """Launch choices depend on M only through its power-of-two class (1, 2, 4, ..., 128,
-    then 128 for anything larger), so the decode buckets' warm-up compiles every variant."""
+    """Launch tiles depend on M only through its power-of-two class (1, 2, 4, ..., 128,
+    then 128 for anything larger), so the decode buckets' warm-up compiles every variant
+    (past 128 the split count also follows M; the kernel takes it at run time)."""
     return min(triton.next_power_of_2(max(m, 1)), 128)
 
 
@@ -124,7 +125,16 @@ def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
     mc = m_class(m)
     tuned = TUNED.get((n, k, mc))
     if tuned is not None:
-        return GemmConfig(*tuned)
+        cfg = GemmConfig(*tuned)
+        if m > mc and cfg.splits > 1:
+            # past the largest measured class (prefill: M = tokens), more M tiles fill the
+            # GPU by themselves; K splits there would only add fp32 partials (w2's 6 splits
+            # at M = 640 would move 39 MB of them). Not measured: a rule from the counts.
+            tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+            splits = max(1, min(cfg.splits, round(PROGRAMS_PER_SM * sms / tiles)))
+            groups = triton.cdiv(k, GROUP)
+            cfg = replace(cfg, splits=triton.cdiv(groups, triton.cdiv(groups, splits)))
+        return cfg
     if mc <= 64:
         block_m, block_n, swap = max(16, mc), 64, True
     else:
