@@ -497,6 +497,29 @@ def test_checkpoints_round_trip_parameters_and_moments(tmp_path: Path):
     assert torch.allclose(other_opt.state[p]["exp_avg"], opt.state[next(model.parameters())]["exp_avg"], atol=1e-3)
 
 
+def test_half_state_is_half_the_bytes_and_restores_within_fp16_rounding(tmp_path: Path):
+    """--half-state: parameters in fp16 (the resume upload has room for more audio);
+    integer buffers stay exact, a tensor fp16 cannot hold stays fp32."""
+    from engine.model import DualARModel
+
+    model = init_weights_(DualARModel(tiny_model_config()))
+    model.register_buffer("uses", torch.tensor([3_000_001, 7], dtype=torch.int64))
+    model.register_buffer("huge", torch.tensor([1e6, -2.0]))
+    checkpoints.save(tmp_path / "full", model, None, 1)
+    checkpoints.save(tmp_path / "half", model, None, 1, half_params=True)
+    size = lambda d: sum(f.stat().st_size for f in (tmp_path / d).glob("*.safetensors"))  # noqa: E731
+    assert size("half") < 0.52 * size("full")
+    other = init_weights_(DualARModel(tiny_model_config()), seed=1)
+    other.register_buffer("uses", torch.zeros(2, dtype=torch.int64))
+    other.register_buffer("huge", torch.zeros(2))
+    checkpoints.load(tmp_path / "half", other, None)
+    for (k, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        if a.is_floating_point():
+            assert torch.allclose(a, b, rtol=1e-3, atol=1e-7), k
+        assert a.dtype == b.dtype
+    assert torch.equal(other.uses, model.uses) and torch.equal(other.huge, model.huge)
+
+
 def test_export_loads_through_the_bundle_and_speaks(tmp_path: Path):
     from engine.bundle import load_bundle
     from engine.generate import GenerateOptions, Synthesizer

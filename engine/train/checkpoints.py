@@ -1,7 +1,10 @@
 """Resumable training state in pieces small enough to come back from the GPU machine
-(at most 8 files of 16 MiB per call there): parameters in fp32, optionally the AdamW
-moments in bf16 (bf16 keeps fp32's exponent range, so tiny second moments survive),
-split into files of at most `max_file_bytes`, plus `state.json` (step, config, extras).
+(at most 8 files of 16 MiB per call there): parameters in fp32 (or fp16 with
+`half_params`: half the bytes, so that a resumed call's upload has room for more audio;
+the resume rounds each weight once, ~5e-4 relative), optionally the AdamW moments in
+bf16 (bf16 keeps fp32's exponent range, so tiny second moments survive), split into
+files of at most `max_file_bytes`, plus `state.json` (step, config, extras). Buffers that
+are not floating point (counters) keep their dtype: exact.
 
 A later call resumes from the folder; without moments (a checkpoint that had to be
 smaller) the optimizer restarts its moments and the trainer re-warms the learning rate.
@@ -49,14 +52,26 @@ def _unpack(folder: Path, names: list[str]) -> dict[str, Tensor]:
     return out
 
 
+FP16_MAX = 65504.0
+
+
+def _stored(t: Tensor, half: bool) -> Tensor:
+    """fp16 when asked and the tensor fits it, else fp32; other dtypes (counters) as they are."""
+    if not t.is_floating_point():
+        return t
+    fits = t.numel() == 0 or float(t.detach().abs().max()) <= FP16_MAX  # NaN: not
+    return t.half() if half and fits else t.float()
+
+
 def save(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, step: int,
-         extra: dict | None = None, moments: bool = True, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+         extra: dict | None = None, moments: bool = True, max_file_bytes: int = MAX_FILE_BYTES,
+         half_params: bool = False) -> None:
     """Write the state into `folder` (replacing an older one there, atomically per file set)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.safetensors"):
         old.unlink()
-    params = {k: v.float() for k, v in model.state_dict().items()}
+    params = {k: _stored(v, half_params) for k, v in model.state_dict().items()}
     state = {"step": step, "params": _pack(params, "params", folder, max_file_bytes), "moments": [],
              "extra": extra or {}}
     if moments and optimizer is not None:

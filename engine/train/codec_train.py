@@ -94,7 +94,7 @@ def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tenso
 def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg: CodecTrainConfig,
           config: CodecConfig, device: str, workers: int, max_steps: int | None = None,
           moments: bool = True, log_every: int = 50, total_minutes: float | None = None,
-          overrides: dict | None = None) -> dict:
+          overrides: dict | None = None, half_params: bool = False) -> dict:
     """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
     planned over `total_minutes` of training (all calls; default: this call's minutes).
     Resuming, the saved configs apply, with `overrides` (training-config fields the
@@ -176,18 +176,18 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
             log.flush()
             print(json.dumps(row), file=sys.stderr, flush=True)
         if time.perf_counter() - last_save > save_minutes * 60:
-            _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock)
+            _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock, half_params)
             last_save = time.perf_counter()
-    _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock)
+    _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock, half_params)
     return {"step": step, "history": history}
 
 
 def _save(state_dir: Path, trainer, optimizer, step: int, config: CodecConfig, cfg: CodecTrainConfig,
-          moments: bool, clock: Clock) -> None:
+          moments: bool, clock: Clock, half_params: bool = False) -> None:
     t0 = time.perf_counter()
     extra = {"codec_config": dataclasses.asdict(config), "train_config": dataclasses.asdict(cfg),
              "trained_minutes": clock.minutes, "total_minutes": clock.total}
-    checkpoints.save(state_dir, trainer.codec, optimizer, step, extra, moments=moments)
+    checkpoints.save(state_dir, trainer.codec, optimizer, step, extra, moments=moments, half_params=half_params)
     print(f"saved step {step} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a CodecTrainConfig field (batch, segment_seconds, lr, steps, ...)")
     t.add_argument("--no-moments", action="store_true", help="checkpoint parameters only (smaller)")
+    t.add_argument("--half-state", action="store_true",
+                   help="checkpoint parameters in fp16 (half the bytes: room for more audio in a resumed call's upload)")
     e = sub.add_parser("export")
     e.add_argument("--out", type=Path, required=True, help="the training folder")
     e.add_argument("--to", type=Path, required=True)
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         sets = {k: type(getattr(CodecTrainConfig(), k))(v) for k, v in (s.split("=", 1) for s in args.set)}
         result = train(args.data, args.out, args.minutes, args.save_minutes, CodecTrainConfig(**sets), config,
                        args.device, args.workers, args.max_steps, moments=not args.no_moments,
-                       total_minutes=args.total_minutes, overrides=sets)
+                       total_minutes=args.total_minutes, overrides=sets, half_params=args.half_state)
         print(json.dumps(result["history"][-1] if result["history"] else {"step": result["step"]}), file=sys.stderr)
     elif args.command == "export":
         codec, step = load_trained(args.out)

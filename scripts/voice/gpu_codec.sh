@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU call 1 (one H200, <= 10 min): train the codec for $MINUTES, export it (fp16), encode
 # every teacher utterance into codes.npz for the model, and put into $OUT:
-#   codec.pth codec_config.json codes.npz codec_log.jsonl codec-state/{state.json,params-*}
+#   codec.pth codec_config.json codes.npz codec_log.jsonl codec-state/{state.json,params-*} (fp16, ~13 MB)
 # carry: .carry/voice/audio .carry/lib   (+ .carry/codec-state to resume a previous call)
 set -euo pipefail
 MINUTES=${MINUTES:-7.5}
@@ -13,7 +13,7 @@ rm -rf $W && mkdir -p $W   # a warm machine keeps /tmp: never resume a previous 
 if [ -d .carry/codec-state ]; then cp -r .carry/codec-state $W/state; fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m engine.train.codec_train train --data .carry/voice/audio --out $W --minutes "$MINUTES" \
-    --total-minutes "$TOTAL_MINUTES" --workers 16 --no-moments ${CODEC_ARGS:-} 2>&1 \
+    --total-minutes "$TOTAL_MINUTES" --workers 16 --no-moments --half-state ${CODEC_ARGS:-} 2>&1 \
     | awk '/"step"/ && (++n % 10 != 1) {next} {print}'   # every 10th log line
 python3 -m engine.train.codec_train export --out $W --to $W/export
 python3 -m engine.train.codec_train encode --codec $W/export --data .carry/voice/audio --to $W/codes.npz --workers 16
