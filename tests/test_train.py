@@ -602,3 +602,31 @@ def test_a_resumed_run_keeps_its_config_except_what_the_caller_sets(tmp_path: Pa
     train(tmp_path / "codes.npz", run, 5.0, 10.0, other, tiny_model_config(), LAYOUT, "cpu", max_steps=4,
           eval_every=100, overrides={"lr": 3e-3})
     assert saved()["lr"] == 3e-3 and saved()["batch_tokens"] == 1024 and saved()["dropout"] == 0.1
+
+
+def test_trimmed_audio_keeps_whole_shards_the_held_out_set_and_matching_metadata(tmp_path: Path):
+    from engine.train.trim_audio import trim
+
+    src = tmp_path / "audio"
+    (src / "shards").mkdir(parents=True)
+    rows, phones = [], {}
+    for i in range(3):
+        (src / "shards" / f"{i:05d}.ogg").write_bytes(b"x" * 1000)
+        for j in range(2):
+            uid = f"u{i}{j}"
+            rows.append({"id": uid, "speaker": j, "text": "t", "split": "test" if i == 0 else "train",
+                         "shard": f"shards/{i:05d}.ogg", "start": 0, "samples": 22050, "rate": 22050})
+            phones[uid] = [1, 2, 3]
+    (src / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (src / "phones.json").write_text(json.dumps(phones))
+    (src / "speakers.json").write_text("[]")
+    meta = sum((src / n).stat().st_size for n in ("manifest.jsonl", "phones.json", "speakers.json"))
+    stats = trim(src, tmp_path / "small", meta + 2500)  # room for two of the three shards
+    small = tmp_path / "small"
+    assert sorted(p.name for p in (small / "shards").iterdir()) == ["00000.ogg", "00001.ogg"]
+    kept = [json.loads(line) for line in (small / "manifest.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in kept] == ["u00", "u01", "u10", "u11"]
+    assert set(json.loads((small / "phones.json").read_text())) == {"u00", "u01", "u10", "u11"}
+    assert stats["held_out_utterances"] == 2 and stats["utterances"] == 4 and "1 of 3 shards" in stats["trimmed"]
+    total = sum(f.stat().st_size for f in small.rglob("*") if f.is_file() and f.name != "stats.json")
+    assert total <= meta + 2500
