@@ -341,7 +341,9 @@ def fp8_gemm(
     if a_scale.device != a.device:
         raise ValueError("a and a_scale must be on one device")
     check_scales("a_scale", a_scale, m, triton.cdiv(k, GROUP))
-    if config is not None and config.backend == "cublas":
+    if config is None:
+        config = gemm_config(m, b.shape[0], k, _num_sms(a.device.index if a.is_cuda else None))
+    if config.backend == "cublas" and m and b.shape[0]:
         return cublas_block_gemm(a, a_scale.t().contiguous().t(), b, b_scale, out_dtype)
     return _launch(a, a_scale, b, b_scale, out_dtype, config, A_CODES, k)
 
@@ -367,7 +369,7 @@ def fp8_linear(
     _check_common(x, b, b_scale, k, out_dtype)
     if config is None:
         config = gemm_config(m, b.shape[0], k, _num_sms(x.device.index if x.is_cuda else None))
-    if config.backend == "cublas":
+    if config.backend == "cublas" and m and b.shape[0]:  # (empty products: the Triton launcher's early return)
         codes = swiglu_quant(x[:, :k], x[:, k:], m_major_scales=True) if swiglu else quantize_act(x, m_major_scales=True)
         return cublas_block_gemm(*codes, b, b_scale, out_dtype)
     if not config.quantize_in_gemm:
