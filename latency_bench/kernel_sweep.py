@@ -3,11 +3,12 @@
 For every S2-Pro linear shape and batch M it times the tile choices around the MMA shapes
 (swapped 16..64-wide tiles for decode, 64/128-row tiles for larger M; weight tiles of
 64..256 rows; 3 or 4 pipeline stages; 4 or 8 warps; every K split that leaves no split
-empty), and cuBLAS's block-scaled FP8 GEMM, on the engine's path: bf16 activations quantized inside the GEMM (`fp8_linear`;
-the SwiGLU variant for w2, as the MLP runs it). Then, at each best choice, what the
-other paths cost: the split-K sum in a second launch, and the GEMM on pre-quantized codes
-alone and behind its own quantize launch. Writes <out>/kernel_sweep.json, prints the
-best choices as the `TUNED` table of kernels/fp8_configs.py.
+empty), each with the activations quantized in the GEMM's K loop and in a launch before
+it, and cuBLAS's block-scaled FP8 GEMM, all on the engine's path: bf16 activations in
+(`fp8_linear`; the SwiGLU variant for w2, as the MLP runs it). Then, at each best choice,
+the split-K sum in a second launch, the GEMM alone on pre-quantized codes, and the untuned
+rule. Writes <out>/kernel_sweep.json, prints the best choices as the `TUNED` table of
+kernels/fp8_configs.py.
 
     python -m latency_bench.kernel_sweep --out out/sweep                  # H200: ~3-5 min
     python -m latency_bench.kernel_sweep --shapes wqkv --m 1,16 --jobs 8  # a part
