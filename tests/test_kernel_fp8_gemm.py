@@ -357,3 +357,21 @@ def test_cublas_path_matches_reference(m, n, k):
     gate_up = torch.randn(m, 2 * k, device=DEVICE).bfloat16()
     out = fp8_linear(gate_up, b, b_s, swiglu=True, config=cfg)
     assert rel(out, fp8_linear_reference(gate_up, b, b_s, swiglu=True)) < TOL[torch.bfloat16]
+
+
+def test_decode_batches_up_to_16_rows_share_each_shapes_k_split():
+    """A row's sums depend on the K split (partials are summed), not on tiles, warps or
+    stages: one split per shape up to M = 16 keeps a stream's FP8 outputs, and so its
+    greedy tokens, the same whichever other streams share its step."""
+    for k, n in S2_PRO:
+        assert len({gemm_config(m, n, k).splits for m in range(1, 17)}) == 1, (k, n)
+
+
+@pytest.mark.gpu
+def test_rows_do_not_change_with_the_batch_up_to_16_at_the_s2_pro_shapes():
+    for k, n in S2_PRO:
+        x, w = operands(16, n, k)
+        b, b_s = quantize_weight(w)
+        full = fp8_linear(x.bfloat16(), b, b_s)
+        for m in (1, 2, 5, 9):
+            assert torch.equal(fp8_linear(x[:m].bfloat16(), b, b_s), full[:m]), (k, n, m)

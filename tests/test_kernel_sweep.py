@@ -50,3 +50,21 @@ def test_tuned_table_is_python_that_builds_the_configs():
     text = tuned_table(rows)
     table = ast.literal_eval(text.split("=", 1)[1].strip())
     assert GemmConfig(*table[(6144, 2560, 1)]) == best and GemmConfig(*table[(6144, 2560, 64)]) == cublas
+
+
+def test_batch_invariant_picks_one_split_per_shape_at_least_total_cost():
+    from latency_bench.kernel_sweep import batch_invariant
+
+    def cfg(splits, block_n=64):
+        return dataclasses.asdict(GemmConfig(16, block_n, True, splits))
+
+    def row(m, times):  # times: {(splits, block_n): us}
+        top = sorted(({"us": us, "config": cfg(s, bn)} for (s, bn), us in times.items()), key=lambda t: t["us"])
+        return {"shape": "w2", "n": 2560, "k": 9728, "m": m, "best": top[0]["config"], "best_us": top[0]["us"], "top": top}
+
+    rows = [row(1, {(10, 64): 13.0, (6, 128): 13.1}), row(2, {(6, 128): 13.3, (10, 64): 13.35}),
+            row(16, {(10, 64): 13.9, (6, 128): 14.2}), row(64, {(3, 64): 16.0, (6, 128): 16.4})]
+    out = batch_invariant(rows, up_to=16)
+    # 10 splits: 13.0 + 13.35 + 13.9 = 40.25 < 6 splits: 13.1 + 13.3 + 14.2 = 40.6
+    assert [r["best"]["splits"] for r in out] == [10, 10, 10, 3]
+    assert out[1]["best_us"] == 13.35 and rows[1]["best_us"] == 13.3  # the input rows are not changed
