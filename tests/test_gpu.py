@@ -82,6 +82,19 @@ def test_engine_with_graphs_batched_equals_alone(bundle):
     check_batched_equals_alone(bundle)  # the engine picks CUDA graphs on a GPU
 
 
+def test_fp8_engine_with_graphs_batched_equals_alone():
+    """--quant fp8 keeps the batching guarantee: the FP8 GEMMs' rows do not depend on the
+    batch up to 16 rows (one K split per shape there: kernels/fp8_configs.py), so four
+    streams decoding together, two joining mid-flight, get their single-stream frames."""
+    from engine.quant import quantize_model_
+    from test_engine import check_batched_equals_alone
+
+    model, tok = load_checkpoint(UPSTREAM / "s2", "cuda", torch.float32)
+    quantize_model_(model)
+    codec = load_bundle("tiny", "cuda", torch.float32).codec
+    check_batched_equals_alone(ModelBundle("s2-fixture-fp8", model, tok, codec, PromptBuilder(tok, model.config), 0.0))
+
+
 class _Listener:
     """A codec-worker owner that keeps what it hears."""
 
