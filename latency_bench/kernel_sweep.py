@@ -7,8 +7,9 @@ empty), each with the activations quantized in the GEMM's K loop and in a launch
 it, and cuBLAS's block-scaled FP8 GEMM, all on the engine's path: bf16 activations in
 (`fp8_linear`; the SwiGLU variant for w2, as the MLP runs it). Then, at each best choice,
 the split-K sum in a second launch, the GEMM alone on pre-quantized codes, and the untuned
-rule. Writes <out>/kernel_sweep.json, prints the best choices as the `TUNED` table of
-kernels/fp8_configs.py.
+rule. Every candidate's output is checked against the PyTorch reference before it is
+timed (a wrong one is reported and left out). Writes <out>/kernel_sweep.json, prints the
+best choices as the `TUNED` table of kernels/fp8_configs.py.
 
     python -m latency_bench.kernel_sweep --out out/sweep                  # H200: ~3-5 min
     python -m latency_bench.kernel_sweep --shapes wqkv --m 1,16 --jobs 8  # a part
@@ -168,6 +169,25 @@ def time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int) 
         return float("nan")
 
 
+# A candidate whose output is this far from the PyTorch reference is not timed: a fast
+# wrong choice must never reach the table (a layout error is > 0.3; bf16 rounding ~2e-3).
+WRONG_RESULT_TOL = 1e-2
+_reference: list = []  # [(x, weight, a_mode, expected)]: one at a time, for the current shape and M
+
+
+def _check_result(out: torch.Tensor, x: torch.Tensor, w, a_mode: int) -> None:
+    from kernels.fp8_gemm import fp8_linear_reference
+
+    k = w.wq.shape[1]
+    if not (_reference and _reference[0][0] is x and _reference[0][1] is w and _reference[0][2] == a_mode):
+        expected = fp8_linear_reference(x if a_mode else x[:, :k], w.wq, w.ws, swiglu=a_mode == 2).float()
+        _reference[:] = [(x, w, a_mode, expected)]
+    expected = _reference[0][3]
+    err = float((out.float() - expected).norm() / expected.norm().clamp_min(1e-30))
+    if not err < WRONG_RESULT_TOL:
+        raise ValueError(f"wrong result: relative error {err:.3g} against the PyTorch reference")
+
+
 def _time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int) -> float:
     from kernels.fp8_gemm import fp8_gemm, fp8_linear
     from kernels.fp8_quant import quantize_act
@@ -175,8 +195,11 @@ def _time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int)
     if a_mode == 0:
         k = weights[0].wq.shape[1]
         codes = quantize_act(x[:, :k])
-        return timer.us_per_call([lambda w=w: fp8_gemm(*codes, w.wq, w.ws, config=cfg) for w in weights])
-    return timer.us_per_call([lambda w=w: fp8_linear(x, w.wq, w.ws, swiglu=a_mode == 2, config=cfg) for w in weights])
+        calls = [lambda w=w: fp8_gemm(*codes, w.wq, w.ws, config=cfg) for w in weights]
+    else:
+        calls = [lambda w=w: fp8_linear(x, w.wq, w.ws, swiglu=a_mode == 2, config=cfg) for w in weights]
+    _check_result(calls[0](), x, weights[0], a_mode)
+    return timer.us_per_call(calls)
 
 
 def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: int) -> list[dict]:

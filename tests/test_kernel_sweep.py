@@ -68,3 +68,22 @@ def test_batch_invariant_picks_one_split_per_shape_at_least_total_cost():
     # 10 splits: 13.0 + 13.35 + 13.9 = 40.25 < 6 splits: 13.1 + 13.3 + 14.2 = 40.6
     assert [r["best"]["splits"] for r in out] == [10, 10, 10, 3]
     assert out[1]["best_us"] == 13.35 and rows[1]["best_us"] == 13.3  # the input rows are not changed
+
+
+def test_a_wrong_result_is_refused_before_timing():
+    import pytest
+    import torch
+
+    from kernels.fp8_quant import quantize_weight
+    from latency_bench.kernel_bench import Weights
+    from latency_bench.kernel_sweep import _check_result
+
+    w = 0.02 * torch.randn(64, 256)
+    weights = Weights(*quantize_weight(w), w)
+    x = torch.randn(3, 256)
+    from kernels.fp8_gemm import fp8_linear_reference
+
+    good = fp8_linear_reference(x, weights.wq, weights.ws)
+    _check_result(good, x, weights, 1)
+    with pytest.raises(ValueError, match="wrong result"):
+        _check_result(good.flip(1), x, weights, 1)  # right values, wrong places: a layout bug
