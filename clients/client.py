@@ -574,6 +574,9 @@ async def _handshake(url: str, headers: dict, timeout: float, has_key: bool) -> 
             raise Unauthorized("unauthorized", f"{hint}: the server refused the connection (HTTP {status})") from None
         if status == 503:
             raise ServerBusy("busy", "server busy: the connection was refused (HTTP 503)") from None
+        if status == 404:
+            raise ConnectFailed("not_found", f"no live TTS endpoint at {url} (HTTP 404): the service's is at the "
+                                             "path /v1/tts/live") from None
         raise ConnectFailed("handshake", f"the server refused the WebSocket connection to {url} (HTTP {status})") from None
     except (TimeoutError, asyncio.TimeoutError):
         raise ClientTimeout("client_timeout", f"no WebSocket handshake with {url} within {timeout:g} s") from None

@@ -55,6 +55,16 @@ def error_response(code: P.ErrorCode, message: str, metrics: Metrics | None = No
     return JSONResponse({"error": code.value, "message": message}, status_code=HTTP_STATUS[code])
 
 
+async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
+    """Refuse a WebSocket handshake with an HTTP status and a JSON body saying why (the
+    ASGI denial-response extension, which uvicorn has); without it, the plain close before
+    accept, which clients see as 403."""
+    try:
+        await ws.send_denial_response(JSONResponse({"error": code, "message": message}, status_code=status))
+    except RuntimeError:  # the server lacks the extension
+        await ws.close(code=1008)
+
+
 def _bearer(headers) -> str | None:
     auth = headers.get("authorization", "")
     return auth[7:].strip() if auth.lower().startswith("bearer ") else None
@@ -75,10 +85,13 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     async def live(ws: WebSocket) -> None:
         if not authorized(config, ws.headers, ws.query_params):
             svc.metrics.errors["unauthorized"] += 1
-            await ws.close(code=1008)  # before accept: the handshake is refused with 403
+            await _deny(ws, 401, "unauthorized", "missing or wrong API key")
             return
         await ws.accept()
         await LiveSession(ws, svc).run()
+
+    async def unknown_ws(ws: WebSocket) -> None:
+        await _deny(ws, 404, "not_found", f"no WebSocket endpoint at {ws.url.path}; the live TTS endpoint is /v1/tts/live")
 
     async def tts(request: Request) -> Response:
         svc.metrics.http_requests += 1
@@ -201,6 +214,7 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     ]
     if config.demo_page and WEB_DIR.is_dir():
         routes += [Route("/", index), Mount("/static", StaticFiles(directory=WEB_DIR), name="static")]
+    routes.append(WebSocketRoute("/{path:path}", unknown_ws))  # last: every other WebSocket path
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.services = svc
     return app

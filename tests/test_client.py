@@ -196,6 +196,13 @@ def test_wrong_api_key_raises_unauthorized(auth_server):
     assert run(right_key()).format == "pcm"
 
 
+def test_a_url_without_the_live_path_says_where_the_endpoint_is(server):
+    base = server.ws_url.removesuffix("/v1/tts/live")
+    with pytest.raises(ConnectFailed, match="/v1/tts/live") as e:
+        run(connect(base))  # ws://host:port, as a newcomer would type it
+    assert e.value.code == "not_found" and "HTTP 404" in e.value.message
+
+
 def test_full_server_raises_server_busy(tmp_path):
     async def go(url):
         async with session(url) as holder:  # takes the only slot

@@ -344,14 +344,18 @@ def test_server_full_is_refused_clearly(tmp_path):
 
 def test_api_keys(tmp_path):
     with running_server(tmp_path, api_keys=frozenset({"secret"}), ignore_end=True) as s:
-        async def refused(headers):
+        async def refused(headers, url=s.ws_url):
             with pytest.raises(websockets.InvalidStatus) as info:
-                async with websockets.connect(s.ws_url, additional_headers=headers):
+                async with websockets.connect(url, additional_headers=headers):
                     pass
-            return info.value.response.status_code
+            return info.value.response.status_code, info.value.response.body
 
-        assert run(refused({})) == 403
-        assert run(refused({"Authorization": "Bearer wrong"})) == 403
+        # the handshake is refused with a status and a body that say why
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            status, body = run(refused(headers))
+            assert status == 401 and b"missing or wrong API key" in body
+        status, body = run(refused({}, s.ws_url.replace("/v1/tts/live", "/v1/live")))
+        assert status == 404 and b"/v1/tts/live" in body
         ok = run(session(s.ws_url, {"format": "pcm", "max_new_tokens": 4}, {"event": "text", "text": "Hi."},
                          {"event": "stop"}, headers={"Authorization": "Bearer secret"}))
         assert ok[-1]["reason"] == "stop" and audio_of(ok)
