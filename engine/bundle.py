@@ -74,7 +74,7 @@ def load_bundle(
 ) -> ModelBundle:
     """`quant="fp8"` swaps every linear layer of the slow and fast transformers for
     block-scaled FP8 (engine/quant.py; the Triton kernels on a GPU, their PyTorch
-    reference on a CPU). Not yet measured on a GPU: see kernels/FP8_NOTES.md."""
+    reference on a CPU; measured on an H200 in kernels/FP8_NOTES.md)."""
     if quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r}; known: {', '.join(QUANT_MODES)}")
     device = resolve_device(device)

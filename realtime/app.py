@@ -91,7 +91,8 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
         await LiveSession(ws, svc).run()
 
     async def unknown_ws(ws: WebSocket) -> None:
-        await _deny(ws, 404, "not_found", f"no WebSocket endpoint at {ws.url.path}; the live TTS endpoint is /v1/tts/live")
+        path = ws.url.path[:200]  # the client's own path, echoed back (bounded)
+        await _deny(ws, 404, "not_found", f"no WebSocket endpoint at {path}; the live TTS endpoint is /v1/tts/live")
 
     async def tts(request: Request) -> Response:
         svc.metrics.http_requests += 1
