@@ -119,6 +119,18 @@ def m_class(m: int) -> int:
     return min(triton.next_power_of_2(max(m, 1)), 128)
 
 
+def _whole_splits(groups: int, splits: int) -> int:
+    """The split count that cuts `groups` K groups into `splits` or fewer with none empty."""
+    return triton.cdiv(groups, triton.cdiv(groups, splits))
+
+
+def _config_for(a: Tensor, n: int, k: int, config: GemmConfig | None) -> GemmConfig:
+    """`config`, or the launch choice for a's rows on a's device."""
+    if config is not None:
+        return config
+    return gemm_config(a.shape[0], n, k, _num_sms(a.device.index if a.is_cuda else None))
+
+
 def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
     """The measured best for the S2-Pro / Qwen3-4B shapes (kernels/fp8_configs.py, from
     `python -m latency_bench.kernel_sweep` on an H200), else a rule from the MMA shapes."""
@@ -132,8 +144,7 @@ def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
             # at M = 640 would move 39 MB of them). Not measured: a rule from the counts.
             tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
             splits = max(1, min(cfg.splits, round(PROGRAMS_PER_SM * sms / tiles)))
-            groups = triton.cdiv(k, GROUP)
-            cfg = replace(cfg, splits=triton.cdiv(groups, triton.cdiv(groups, splits)))
+            cfg = replace(cfg, splits=_whole_splits(triton.cdiv(k, GROUP), splits))
         return cfg
     if mc <= 64:
         block_m, block_n, swap = max(16, mc), 64, True
@@ -143,7 +154,7 @@ def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
     groups = triton.cdiv(k, GROUP)
     want = round(PROGRAMS_PER_SM * sms / tiles)
     splits = max(1, min(want, groups // MIN_GROUPS_PER_SPLIT, MAX_SPLITS))
-    splits = triton.cdiv(groups, triton.cdiv(groups, splits))  # no empty split
+    splits = _whole_splits(groups, splits)
     # the sweep: quantizing in the K loop pays at M <= 32 only
     return GemmConfig(block_m, block_n, swap, splits, quantize_in_gemm=mc <= 32)
 
@@ -341,8 +352,7 @@ def fp8_gemm(
     if a_scale.device != a.device:
         raise ValueError("a and a_scale must be on one device")
     check_scales("a_scale", a_scale, m, triton.cdiv(k, GROUP))
-    if config is None:
-        config = gemm_config(m, b.shape[0], k, _num_sms(a.device.index if a.is_cuda else None))
+    config = _config_for(a, b.shape[0], k, config)
     if config.backend == "cublas" and m and b.shape[0]:
         return cublas_block_gemm(a, a_scale.t().contiguous().t(), b, b_scale, out_dtype)
     return _launch(a, a_scale, b, b_scale, out_dtype, config, A_CODES, k)
@@ -367,8 +377,7 @@ def fp8_linear(
     k = width // 2 if swiglu else width
     out_dtype = x.dtype if out_dtype is None else out_dtype
     _check_common(x, b, b_scale, k, out_dtype)
-    if config is None:
-        config = gemm_config(m, b.shape[0], k, _num_sms(x.device.index if x.is_cuda else None))
+    config = _config_for(x, b.shape[0], k, config)
     if config.backend == "cublas" and m and b.shape[0]:  # (empty products: the Triton launcher's early return)
         codes = swiglu_quant(x[:, :k], x[:, k:], m_major_scales=True) if swiglu else quantize_act(x, m_major_scales=True)
         return cublas_block_gemm(*codes, b, b_scale, out_dtype)
@@ -379,12 +388,10 @@ def fp8_linear(
 
 
 def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
-            cfg: GemmConfig | None, a_mode: int = A_CODES, k: int | None = None) -> Tensor:
-    """Unchecked launch (tests call it to show what a wrong layout would do)."""
+            cfg: GemmConfig, a_mode: int = A_CODES, k: int | None = None) -> Tensor:
+    """Unchecked Triton launch (tests call it to show what a wrong layout would do)."""
     m, n = a.shape[0], b.shape[0]
     k = a.shape[1] if k is None else k
-    if cfg is None:
-        cfg = gemm_config(m, n, k, _num_sms(a.device.index if a.is_cuda else None))
     out = torch.empty(m, n, device=a.device, dtype=out_dtype)
     if m == 0 or n == 0:
         return out

@@ -9,7 +9,6 @@ explain load-test numbers; prints a short table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
@@ -24,6 +23,7 @@ from engine.engine import Engine, EngineConfig, StreamParams
 from engine.sampling import SamplingParams
 from engine.voice import VoiceInput
 from latency_bench.engine_bench import median_ms
+from latency_bench.jsonfile import write_json
 
 
 def _sync(dev):
@@ -147,9 +147,7 @@ def main(argv=None) -> int:
               flush=True)
     if a.concurrency:
         res["engine"] = engine_times(bundle, [int(x) for x in a.concurrency.split(",")], a.frames)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "diagnose.json").write_text(json.dumps(res, indent=1))
+    write_json(Path(a.out) / "diagnose.json", res)
     return 0
 
 

@@ -100,26 +100,24 @@ def compile_key(shape: Shape, m: int, cfg, a_mode: int) -> tuple:
 _worker_cache: dict = {}
 
 
-def _operands(shape: Shape, m: int, device, a_mode: int):
+def calls(weights: list, x: torch.Tensor, cfg, a_mode: int) -> list:
+    """One call per weight copy. a_mode 0: the GEMM alone on pre-quantized codes of
+    x[:, :K]; 1 / 2: fp8_linear as the engine calls it (2: x is the SwiGLU input)."""
+    from kernels.fp8_gemm import fp8_gemm, fp8_linear
     from kernels.fp8_quant import quantize_act
 
-    key = (shape, device)
-    if key not in _worker_cache:
-        _worker_cache[key] = make_weights(shape, 1, device)[0]
-    w = _worker_cache[key]
-    width = 2 * shape.k if a_mode == 2 else shape.k
-    x = torch.randn(m, width, device=device).bfloat16()
-    return w, x, quantize_act(x[:, : shape.k]) if a_mode == 0 else None
+    if a_mode == 0:
+        codes = quantize_act(x[:, : weights[0].wq.shape[1]])
+        return [lambda w=w: fp8_gemm(*codes, w.wq, w.ws, config=cfg) for w in weights]
+    return [lambda w=w: fp8_linear(x, w.wq, w.ws, swiglu=a_mode == 2, config=cfg) for w in weights]
 
 
 def run_once(shape: Shape, m: int, cfg, a_mode: int, device) -> None:
-    from kernels.fp8_gemm import fp8_gemm, fp8_linear
-
-    w, x, codes = _operands(shape, m, device, a_mode)
-    if a_mode == 0:
-        fp8_gemm(*codes, w.wq, w.ws, config=cfg)
-    else:
-        fp8_linear(x, w.wq, w.ws, swiglu=a_mode == 2, config=cfg)
+    key = (shape, device)
+    if key not in _worker_cache:
+        _worker_cache[key] = make_weights(shape, 1, device)[0]
+    x = torch.randn(m, 2 * shape.k if a_mode == 2 else shape.k, device=device).bfloat16()
+    calls([_worker_cache[key]], x, cfg, a_mode)[0]()
 
 
 def _compile_jobs(jobs: list) -> list[str]:
@@ -160,46 +158,39 @@ def precompile(jobs: list, workers: int, cuda: bool) -> float:
 
 # --- timing ---------------------------------------------------------------------------------
 
-def time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int) -> float:
-    """a_mode 0: the GEMM alone on pre-quantized codes; else fp8_linear as the engine calls it."""
-    try:
-        return _time_config(timer, weights, x, cfg, a_mode)
-    except Exception as e:  # noqa: BLE001 - a variant that does not fit is a NaN row, not the end of the sweep
-        print(f"  ({cfg}: {type(e).__name__}: {str(e).splitlines()[0][:100]})", flush=True)
-        return float("nan")
-
-
 # A candidate whose output is this far from the PyTorch reference is not timed: a fast
 # wrong choice must never reach the table (a layout error is > 0.3; bf16 rounding ~2e-3).
 WRONG_RESULT_TOL = 1e-2
-_reference: list = []  # [(x, weight, a_mode, expected)]: one at a time, for the current shape and M
 
 
-def _check_result(out: torch.Tensor, x: torch.Tensor, w, a_mode: int) -> None:
+def reference(x: torch.Tensor, w, a_mode: int) -> torch.Tensor:
+    """What every candidate of (x, weight, a_mode) must compute (time_config's a_mode)."""
     from kernels.fp8_gemm import fp8_linear_reference
 
     k = w.wq.shape[1]
-    if not (_reference and _reference[0][0] is x and _reference[0][1] is w and _reference[0][2] == a_mode):
-        expected = fp8_linear_reference(x if a_mode else x[:, :k], w.wq, w.ws, swiglu=a_mode == 2).float()
-        _reference[:] = [(x, w, a_mode, expected)]
-    expected = _reference[0][3]
+    return fp8_linear_reference(x if a_mode else x[:, :k], w.wq, w.ws, swiglu=a_mode == 2).float()
+
+
+def _check_result(out: torch.Tensor, expected: torch.Tensor) -> None:
     err = float((out.float() - expected).norm() / expected.norm().clamp_min(1e-30))
     if not err < WRONG_RESULT_TOL:
         raise ValueError(f"wrong result: relative error {err:.3g} against the PyTorch reference")
 
 
-def _time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int) -> float:
-    from kernels.fp8_gemm import fp8_gemm, fp8_linear
-    from kernels.fp8_quant import quantize_act
+def time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int, expected: torch.Tensor) -> float:
+    """`calls`' time per call; `expected` (reference(x, weights[0], a_mode)) is checked
+    before timing."""
+    try:
+        return _time_config(timer, weights, x, cfg, a_mode, expected)
+    except Exception as e:  # noqa: BLE001 - a variant that does not fit is a NaN row, not the end of the sweep
+        print(f"  ({cfg}: {type(e).__name__}: {str(e).splitlines()[0][:100]})", flush=True)
+        return float("nan")
 
-    if a_mode == 0:
-        k = weights[0].wq.shape[1]
-        codes = quantize_act(x[:, :k])
-        calls = [lambda w=w: fp8_gemm(*codes, w.wq, w.ws, config=cfg) for w in weights]
-    else:
-        calls = [lambda w=w: fp8_linear(x, w.wq, w.ws, swiglu=a_mode == 2, config=cfg) for w in weights]
-    _check_result(calls[0](), x, weights[0], a_mode)
-    return timer.us_per_call(calls)
+
+def _time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int, expected: torch.Tensor) -> float:
+    fns = calls(weights, x, cfg, a_mode)
+    _check_result(fns[0](), expected)
+    return timer.us_per_call(fns)
 
 
 def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: int) -> list[dict]:
@@ -215,7 +206,8 @@ def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: i
         a_mode = 2 if swiglu_shape(shape) else 1
         for m in ms:
             x = torch.randn(m, 2 * shape.k if a_mode == 2 else shape.k, device=timer.device).bfloat16()
-            timed = [(time_config(timer, weights, x, c, a_mode), c) for c in candidates(shape, m, smoke)]
+            expected = reference(x, weights[0], a_mode)
+            timed = [(time_config(timer, weights, x, c, a_mode, expected), c) for c in candidates(shape, m, smoke)]
             timed = [t for t in timed if t[0] == t[0]]  # NaN: a variant that failed
             timed.sort(key=lambda t: t[0])
             best_us, best = timed[0]
@@ -245,11 +237,13 @@ def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: i
         for r in (r for r in rows if r["shape"] == shape.name):
             m, a_mode, best = r["m"], r["a_mode"], GemmConfig(**r["best"])
             x = torch.randn(m, 2 * shape.k if a_mode == 2 else shape.k, device=timer.device).bfloat16()
-            r["codes_us"] = time_config(timer, weights, x, best, 0)
-            r["second_reduce_launch_us"] = (time_config(timer, weights, x, dataclasses.replace(best, reduce_in_kernel=False),
-                                                        a_mode) if best.splits > 1 else None)
+            codes_expected = reference(x, weights[0], 0)
+            r["codes_us"] = time_config(timer, weights, x, best, 0, codes_expected)
+            r["second_reduce_launch_us"] = (
+                time_config(timer, weights, x, dataclasses.replace(best, reduce_in_kernel=False), a_mode,
+                            reference(x, weights[0], a_mode)) if best.splits > 1 else None)
             rule = gemm_config(m, shape.n, shape.k)
-            r["rule"], r["rule_codes_us"] = dataclasses.asdict(rule), time_config(timer, weights, x, rule, 0)
+            r["rule"], r["rule_codes_us"] = dataclasses.asdict(rule), time_config(timer, weights, x, rule, 0, codes_expected)
     return rows
 
 

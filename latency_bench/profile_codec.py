@@ -13,7 +13,6 @@ Two parts, for the model's codec (random weights for a preset):
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from engine.bundle import load_bundle
 from engine.codec.streaming import StreamingDecoder
 from engine.codec_worker import CHUNKS, CodecWorker
 from latency_bench.engine_bench import median_ms
+from latency_bench.jsonfile import write_json
 from latency_bench.profile_step import gpu_kernels, print_kernels
 
 
@@ -121,9 +121,7 @@ def main(argv=None) -> int:
         print(f"\nslowest conv modules, batch {a.profile_batch} x {a.profile_frames} frames (eager, CUDA events):")
         for r in slow:
             print(f"  {r['ms']:7.3f} ms  {r['module']}  in {r['input']}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile_codec.json").write_text(json.dumps(res, indent=1))
+    write_json(Path(a.out) / "profile_codec.json", res)
     return 0
 
 

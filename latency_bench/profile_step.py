@@ -10,7 +10,6 @@ their counts per step; the sum is the step's GPU time (launch gaps aside).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from engine.bundle import load_bundle
 from engine.runner import Runner
 from latency_bench.engine_bench import prepare_batch
+from latency_bench.jsonfile import write_json
 
 
 def profile_batch(runner: Runner, batch: int, context: int, steps: int) -> list[dict]:
@@ -77,9 +77,7 @@ def main(argv=None) -> int:
         rows = profile_batch(runner, b, a.context, a.steps)
         total, kernels = print_kernels(rows, "step", a.top, f"batch {b}")
         result[b] = {"gpu_us_per_step": total, "kernels_per_step": kernels, "top": rows[: a.top]}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile.json").write_text(json.dumps(result, indent=1))
+    write_json(Path(a.out) / "profile.json", result)
     return 0
 
 

@@ -14,12 +14,12 @@ them; latency_bench/kernel_bench.py's Timer). Prints a table, writes <out>/qk_ro
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
+from latency_bench.jsonfile import write_json
 from latency_bench.kernel_bench import Timer, bench_device
 
 LAYERS = 36
@@ -66,8 +66,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['batch']:6d} {r['fused_us']:10.2f} {r['reference_us']:14.2f} {r['speedup']:8.2f}x")
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qk_rope_bench.json").write_text(json.dumps({"device": str(device), "dims": dims, "rows": rows}, indent=1))
+    write_json(out / "qk_rope_bench.json", {"device": str(device), "dims": dims, "rows": rows})
     print(f"wrote {out / 'qk_rope_bench.json'}")
     return 0
 

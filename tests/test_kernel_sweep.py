@@ -76,14 +76,14 @@ def test_a_wrong_result_is_refused_before_timing():
 
     from kernels.fp8_quant import quantize_weight
     from latency_bench.kernel_bench import Weights
-    from latency_bench.kernel_sweep import _check_result
+    from kernels.fp8_gemm import fp8_linear_reference
+    from latency_bench.kernel_sweep import _check_result, reference
 
     w = 0.02 * torch.randn(64, 256)
     weights = Weights(*quantize_weight(w), w)
     x = torch.randn(3, 256)
-    from kernels.fp8_gemm import fp8_linear_reference
-
     good = fp8_linear_reference(x, weights.wq, weights.ws)
-    _check_result(good, x, weights, 1)
+    expected = reference(x, weights, 1)
+    _check_result(good, expected)
     with pytest.raises(ValueError, match="wrong result"):
-        _check_result(good.flip(1), x, weights, 1)  # right values, wrong places: a layout bug
+        _check_result(good.flip(1), expected)  # right values, wrong places: a layout bug

@@ -69,6 +69,12 @@ def _make_shard(job: tuple[Path, list[dict], int]) -> tuple[list[dict], float]:
     return rows, time.process_time() - cpu0
 
 
+def audio_seconds(rows: list[dict]) -> tuple[float, float]:
+    """(all, training) seconds of audio of manifest rows."""
+    total = sum(r["samples"] / r["rate"] for r in rows)
+    return total, sum(r["samples"] / r["rate"] for r in rows if r["split"] == "train")
+
+
 def plan(text_path: Path, hours: float, test_utterances: int, n_speakers: int, seed: int,
          shard_items: int) -> list[list[dict]]:
     """Chunks of items (each with its speaker) in generation order: the held-out sets first
@@ -112,9 +118,9 @@ def generate(text_path: Path, out: Path, hours: float, test_utterances: int, wor
         for shard_rows, shard_cpu in pool.imap(_make_shard, jobs):
             rows += shard_rows
             cpu += shard_cpu
-            secs = sum(r["samples"] / r["rate"] for r in shard_rows)
+            secs, train_secs = audio_seconds(shard_rows)
             seconds += secs
-            train_seconds += sum(r["samples"] / r["rate"] for r in shard_rows if r["split"] == "train")
+            train_seconds += train_secs
             elapsed = time.perf_counter() - t0
             print(f"{len(rows)} utterances, {seconds / 3600:.2f} h audio, {elapsed:.0f} s, "
                   f"{seconds / elapsed:.1f} s of audio per wall second, {seconds / cpu:.1f} per CPU second",

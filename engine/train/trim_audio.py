@@ -18,6 +18,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from engine.train.datagen import audio_seconds
+
 
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
@@ -54,8 +56,7 @@ def trim(audio: Path, to: Path, max_bytes: int) -> dict:
         (to / "phones.json").write_text(json.dumps({k: v for k, v in phones.items() if k in ids}))
     if (audio / "speakers.json").exists():
         shutil.copy2(audio / "speakers.json", to / "speakers.json")
-    seconds = sum(r["samples"] / r["rate"] for r in rows_kept)
-    train = sum(r["samples"] / r["rate"] for r in rows_kept if r["split"] == "train")
+    seconds, train = audio_seconds(rows_kept)
     stats = {"utterances": len(rows_kept), "hours": seconds / 3600, "train_hours": train / 3600,
              "held_out_utterances": sum(r["split"] != "train" for r in rows_kept),
              "trimmed": f"{len(shards) - len(kept)} of {len(shards)} shards of {audio} dropped "
