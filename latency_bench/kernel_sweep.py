@@ -310,6 +310,17 @@ def tuned_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write_configs(path: Path, table: str, tuned_on: str) -> None:
+    """Replace everything from `TUNED_ON = ` on in a configs module (its docstring stays)
+    with this table; the module must still import and give GemmConfig-sized tuples."""
+    text = path.read_text()
+    head, sep, _ = text.partition("TUNED_ON = ")
+    if not sep:
+        raise ValueError(f"{path} has no TUNED_ON line")
+    body = table.replace("TUNED = {", "TUNED: dict[tuple[int, int, int], tuple] = {  # GemmConfig's fields in order", 1)
+    path.write_text(f"{head}TUNED_ON = {tuned_on!r}\n{body}\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.kernel_sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -319,6 +330,9 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/kernel_sweep")
+    p.add_argument("--write-configs", metavar="PATH",
+                   help="rewrite TUNED_ON and TUNED in this copy of kernels/fp8_configs.py with the sweep's "
+                        "batch-invariant table (so one GPU call can sweep, adopt and measure)")
     a = p.parse_args(argv)
     device = bench_device(a.smoke, "kernel_sweep")
     if device is None:
@@ -333,7 +347,12 @@ def main(argv=None) -> int:
     rows = sweep(Timer(device, a.replays), shapes, ms, a.smoke, a.jobs)
     print(report(rows))
     print(f"TUNED with one K split per shape up to M = {BATCH_INVARIANT_UP_TO} (batch-invariant decode):")
-    print(tuned_table(batch_invariant(rows)))
+    table = tuned_table(batch_invariant(rows))
+    print(table)
+    if a.write_configs and not a.smoke:
+        tuned_on = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, triton {triton.__version__}"
+        write_configs(Path(a.write_configs), table, f"{tuned_on}, {time.strftime('%Y-%m-%d')} (latency_bench.kernel_sweep)")
+        print(f"wrote the table into {a.write_configs}")
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
                "torch": torch.__version__, "triton": triton.__version__, "smoke": a.smoke,
                "seconds": time.perf_counter() - t0, "rows": rows}

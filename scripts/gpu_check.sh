@@ -8,6 +8,7 @@
 #   bash scripts/gpu_check.sh naive    # the naive serving baseline (same workload, fewer levels)
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
 #   bash scripts/gpu_check.sh sweep    # FP8 kernel tests and the GEMM tile sweep (~6 min)
+#   bash scripts/gpu_check.sh adopt    # FP8 GPU tests, tile sweep written into kernels/fp8_configs.py, engine FP8 vs bf16 (~9 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
@@ -122,6 +123,20 @@ sweep)
     # FP8 kernel tests compiled, then the GEMM's tile sweep (kernels/fp8_configs.py comes from it)
     timeout 200 python3 -m pytest -q "${fp8_tests[@]}" > "$out/fp8_tests.log" 2>&1; tail -5 "$out/fp8_tests.log"
     timeout 380 python3 -m latency_bench.kernel_sweep --out "$out/kernel_sweep" 2>&1 | tee "$out/kernel_sweep.log"
+    ;;
+adopt)
+    # sweep, adopt and measure in one call: the FP8 GPU tests, the tile sweep written into this
+    # copy's kernels/fp8_configs.py (it comes back in $out to be committed), then the engine
+    # step with FP8 on that table against bf16 (same run)
+    timeout 130 python3 -m pytest -q "${fp8_tests[@]}" tests/test_gpu.py -k "fp8 or cublas or batch" > "$out/fp8_tests.log" 2>&1
+    tail -8 "$out/fp8_tests.log"
+    timeout 260 python3 -m latency_bench.kernel_sweep --write-configs kernels/fp8_configs.py --out "$out/kernel_sweep" 2>&1 \
+        | tee "$out/kernel_sweep.log" | grep -A80 "^TUNED with"
+    cp kernels/fp8_configs.py "$out/"
+    for q in fp8 none; do
+        timeout 90 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q \
+            --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 | grep -v Warn | tail -8
+    done
     ;;
 fp8e2e)
     # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
 
 from kernels.fp8_gemm import GemmConfig
 from latency_bench.kernel_bench import SHAPES
@@ -50,6 +54,26 @@ def test_tuned_table_is_python_that_builds_the_configs():
     text = tuned_table(rows)
     table = ast.literal_eval(text.split("=", 1)[1].strip())
     assert GemmConfig(*table[(6144, 2560, 1)]) == best and GemmConfig(*table[(6144, 2560, 64)]) == cublas
+
+
+def test_write_configs_rewrites_the_table_and_keeps_the_docstring(tmp_path):
+
+    from latency_bench.kernel_sweep import write_configs
+
+    module = tmp_path / "fp8_configs.py"
+    module.write_text(Path("kernels/fp8_configs.py").read_text())
+    cublas = GemmConfig(64, 128, False, quantize_in_gemm=False, backend="cublas")
+    rows = [{"shape": "wo", "n": 2560, "k": 4096, "m": 64, "best": dataclasses.asdict(cublas), "best_us": 7.1}]
+    write_configs(module, tuned_table(rows), "a GPU, today")
+    spec = importlib.util.spec_from_file_location("tuned", module)
+    tuned = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tuned)
+    assert tuned.TUNED_ON == "a GPU, today"
+    assert {k: GemmConfig(*v) for k, v in tuned.TUNED.items()} == {(2560, 4096, 64): cublas}
+    assert tuned.__doc__ == importlib.import_module("kernels.fp8_configs").__doc__
+    module.write_text("TUNED = {}\n")
+    with pytest.raises(ValueError, match="TUNED_ON"):
+        write_configs(module, tuned_table(rows), "x")
 
 
 def test_batch_invariant_picks_one_split_per_shape_at_least_total_cost():
