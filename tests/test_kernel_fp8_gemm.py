@@ -229,6 +229,9 @@ def test_configs_depend_on_shapes_only(m, n, k):
         assert dataclasses.replace(c, splits=same_class.splits) == same_class and c.splits <= same_class.splits
         tiles = -(-m // c.block_m) * -(-n // c.block_n)
         assert c.splits == 1 or tiles * c.splits <= 4 * 132
+    if c.backend == "cublas":  # cuBLAS picks its own tiles and splits: the fields below are unused
+        assert c.splits == 1 and not c.quantize_in_gemm
+        return
     groups = -(-k // 128)
     per_split = -(-groups // c.splits)
     assert -(-groups // per_split) == c.splits  # no empty split
