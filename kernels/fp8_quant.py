@@ -42,10 +42,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.fp8_scale import E4M3_MAX, FP8, pow2_scale  # the rule in PyTorch (Triton-free module)
+
 GROUP = 128  # elements per activation scale group (along K) and per weight block side
-E4M3_MAX = 448.0
-AMAX_FLOOR = 2.0 ** -64  # an all-zero group's amax (keeps every scale a normal fp32)
-FP8 = torch.float8_e4m3fn
 
 # Groups per program of the activation kernels: 4 x 128 elements (1 KiB of bf16 in, 512 B
 # of codes out). The launch is latency-bound at decode sizes (M <= 128, K <= 9728): chosen
@@ -189,13 +188,6 @@ def swiglu_quant(gate: Tensor, up: Tensor, m_major_scales: bool = False) -> tupl
 
 
 # --- references (plain PyTorch, the same functions) ------------------------------------
-
-def pow2_scale(amax: Tensor) -> Tensor:
-    """The scale rule of `_pow2_scale`, in PyTorch: fp32 amax -> power-of-two fp32 scale."""
-    bits = amax.float().clamp_min(AMAX_FLOOR).view(torch.int32)
-    e = ((bits >> 23) & 0xFF) - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
-    return (e << 23).view(torch.float32)
-
 
 def _group_rows(x: Tensor) -> Tensor:
     """[M, K] -> [M, KB, 128] fp32, zero-padded past K (padding never reaches memory)."""
