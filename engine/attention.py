@@ -1,7 +1,10 @@
 """Attention over the KV state, in three modes, with the metadata each needs.
 
 KV layout, per layer: [rows, L, K, Dh] (position-major, like flash-attn's KV cache), so
-that one (row, position) pair is one contiguous [K, Dh] slab.
+that one (row, position) pair is one contiguous [K, Dh] slab. An FP8 cache
+(`--kv-quant fp8`) is uint8 [rows, L, K, Dh + 4], e4m3 codes and a scale per (position,
+head) (kernels/kv_fp8.py): new keys and values are packed where they are written and
+unpacked where the PyTorch paths read them; the Triton kernels read the codes directly.
 
 - prefill: one stream (KV row `slot`) appends S positions starting at `start`.
 - decode: B streams append one position each, stream b at (slots[b], positions[b]).
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from kernels.kv_fp8 import load_form, store_form
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +100,10 @@ def _prefill(q, k, v, k_cache, v_cache, meta: PrefillMeta) -> Tensor:
     end = start + s
     if end > k_cache.shape[1]:
         raise ValueError(f"prefill to position {end} exceeds the KV length {k_cache.shape[1]}")
-    k_cache[meta.slot, start:end] = k[0]
-    v_cache[meta.slot, start:end] = v[0]
-    keys = k_cache[meta.slot : meta.slot + 1, :end]
-    values = v_cache[meta.slot : meta.slot + 1, :end]
+    k_cache[meta.slot, start:end] = store_form(k[0], k_cache)
+    v_cache[meta.slot, start:end] = store_form(v[0], v_cache)
+    keys = load_form(k_cache[meta.slot : meta.slot + 1, :end], q.dtype)
+    values = load_form(v_cache[meta.slot : meta.slot + 1, :end], q.dtype)
     if start == 0:
         return _sdpa(q, keys, values, None, causal=True)
     # query i sits at position start + i and sees keys 0..start + i
@@ -114,8 +119,8 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
     valid = j[None, :] < meta.lengths[:, None]  # [B, S]
     pos = meta.starts[:, None] + j[None, :]  # [B, S]
     flat = torch.where(valid, meta.slots[:, None] * length + pos, meta.scratch_row * length).flatten()
-    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, k.flatten(0, 1))
-    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, v.flatten(0, 1))
+    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, store_form(k.flatten(0, 1), k_cache))
+    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, store_form(v.flatten(0, 1), v_cache))
     if meta.kernel:
         from kernels.decode_attention import decode_attention
 
@@ -126,8 +131,8 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
         q_lengths = torch.where(valid, pos + 1, 1).flatten()
         out = decode_attention(q.flatten(0, 1), k_cache, v_cache, q_rows, q_lengths, max_length=meta.kv_len)
         return out.view(q.shape)
-    keys = k_cache[meta.slots, : meta.kv_len]  # [B, kv_len, K, Dh]
-    values = v_cache[meta.slots, : meta.kv_len]
+    keys = load_form(k_cache[meta.slots, : meta.kv_len], q.dtype)  # [B, kv_len, K, Dh]
+    values = load_form(v_cache[meta.slots, : meta.kv_len], q.dtype)
     key_pos = torch.arange(meta.kv_len, device=q.device)
     mask = key_pos[None, None, :] <= pos[:, :, None]  # [B, S, kv_len]
     # padded queries attend to position 0 only (their output is never used; no NaN rows)
@@ -138,8 +143,8 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
 def _decode(q, k, v, k_cache, v_cache, meta: DecodeMeta) -> Tensor:
     rows, length = k_cache.shape[0], k_cache.shape[1]
     flat = meta.slots * length + meta.positions  # [B] index into [rows * L]
-    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, k[:, 0])
-    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, v[:, 0])
+    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, store_form(k[:, 0], k_cache))
+    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, store_form(v[:, 0], v_cache))
     return decode_cached(q, k_cache, v_cache, meta)
 
 
@@ -151,8 +156,8 @@ def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta)
         lengths = meta.lengths if meta.lengths is not None else meta.positions + 1
         out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, lengths, max_length=meta.kv_len)
         return out[:, None]
-    keys = k_cache[meta.slots, : meta.kv_len]  # gather: [B, kv_len, K, Dh]
-    values = v_cache[meta.slots, : meta.kv_len]
+    keys = load_form(k_cache[meta.slots, : meta.kv_len], q.dtype)  # gather: [B, kv_len, K, Dh]
+    values = load_form(v_cache[meta.slots, : meta.kv_len], q.dtype)
     key_pos = torch.arange(meta.kv_len, device=q.device)
     mask = (key_pos[None, :] <= meta.positions[:, None])[:, None, None, :]  # [B, 1, 1, kv_len]
     return _sdpa(q, keys, values, mask)

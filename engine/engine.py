@@ -27,6 +27,7 @@ import torch
 from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
+from engine.kv_cache import KV_QUANTS
 from engine.prompt import Reference, Voice
 from engine.runner import MAX_PREFILL_BATCH, Runner
 from engine.sampling import SamplingParams
@@ -45,6 +46,9 @@ class EngineConfig:
     max_len: int = 4096  # KV positions per stream (voice prefix + context)
     voice_cache_bytes: int = 1 << 30  # device memory for cached voice prefixes
     max_reference_seconds: float = 30.0
+    # "fp8": the slow transformer's KV cache as e4m3 codes with a scale per position and
+    # head (kernels/kv_fp8.py): half the bytes per stream, half what a decode step reads
+    kv_quant: str = "none"
     # Baseline for benchmarks: one utterance at a time, the host waits for every step
     # (no pipelining), no CUDA graphs. Never faster; it exists to be compared against.
     naive: bool = False
@@ -63,6 +67,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
             raise ValueError("max_running >= 1, max_queued >= 0 and max_len >= 64 are required")
+        if self.kv_quant not in KV_QUANTS:
+            raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
 
 
 @dataclass(slots=True)
@@ -133,7 +139,8 @@ class Engine:
         self.config = config or EngineConfig()
         c = self.config
         # the naive baseline runs eager: no CUDA graphs
-        self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None)
+        self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
+                             kv_quant=c.kv_quant)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")

@@ -1,6 +1,8 @@
 """KV state for a fixed number of streams, allocated once.
 
-Slow KV: [n_layer, rows, max_len, K, Dh] with rows = max_running + 1. The last row is a
+Slow KV: [n_layer, rows, max_len, K, Dh] with rows = max_running + 1 (FP8, `quant="fp8"`:
+uint8 [n_layer, rows, max_len, K, Dh + 4], e4m3 codes and a scale per position and head,
+kernels/kv_fp8.py: half the bytes the decode step reads at high concurrency). The last row is a
 scratch row: padded entries of a decode batch (bucket larger than the live batch) point
 at it, so they never write into a live stream's row, even one being prefilled on
 another thread at that moment.
@@ -18,6 +20,9 @@ import torch
 from torch import Tensor
 
 from engine.config import ModelConfig
+from kernels.kv_fp8 import head_dim_of, is_packed, packed_dim
+
+KV_QUANTS = ("none", "fp8")
 
 
 @dataclass(slots=True)
@@ -45,14 +50,29 @@ class KVCache:
         max_len: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        quant: str = "none",
     ) -> "KVCache":
         if max_running < 1 or max_len < 1:
             raise ValueError("max_running and max_len must be positive")
+        if quant not in KV_QUANTS:
+            raise ValueError(f"KV quantization must be one of {KV_QUANTS}, got {quant!r}")
         if max_len > config.max_seq_len:
             raise ValueError(f"max_len {max_len} exceeds the model's max_seq_len {config.max_seq_len}")
         c = config
-        slow = (c.n_layer, max_running + 1, max_len, c.n_local_heads, c.head_dim)
+        if quant == "fp8":
+            dtype = torch.uint8
+            slow = (c.n_layer, max_running + 1, max_len, c.n_local_heads, packed_dim(c.head_dim))
+        else:
+            slow = (c.n_layer, max_running + 1, max_len, c.n_local_heads, c.head_dim)
         return cls(k=torch.zeros(slow, device=device, dtype=dtype), v=torch.zeros(slow, device=device, dtype=dtype))
+
+    @property
+    def quant(self) -> str:
+        return "fp8" if is_packed(self.k) else "none"
+
+    @property
+    def head_dim(self) -> int:
+        return head_dim_of(self.k)
 
     @property
     def scratch_row(self) -> int:
@@ -63,6 +83,9 @@ class KVCache:
         return self.k.shape[2]
 
     @staticmethod
-    def bytes_per_stream(config: ModelConfig, max_len: int, dtype: torch.dtype) -> int:
-        per_pos = 2 * config.n_layer * config.n_local_heads * config.head_dim
-        return per_pos * max_len * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_stream(config: ModelConfig, max_len: int, dtype: torch.dtype, quant: str = "none") -> int:
+        if quant == "fp8":  # one byte per element plus a 4-byte scale per head
+            per_head = packed_dim(config.head_dim)
+        else:
+            per_head = config.head_dim * torch.empty((), dtype=dtype).element_size()
+        return 2 * config.n_layer * config.n_local_heads * per_head * max_len

@@ -125,6 +125,7 @@ class Runner:
         fused_qkv: bool | None = None,
         chunked_prefill: bool | None = None,
         step_kernels: bool | None = None,
+        kv_quant: str = "none",
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -139,6 +140,7 @@ class Runner:
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.attention_kernel = self.cuda if attention_kernel is None else attention_kernel
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
+        self.kv_quant = kv_quant
         self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
         self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
         if self.cuda_graphs and not self.cuda:
@@ -148,7 +150,8 @@ class Runner:
         self.buckets = batch_buckets(max_running)
         rows = max_running + 1
         dev = self.device
-        self.kv = KVCache.allocate(c, max_running, self.max_len, dev, self.dtype)
+        # kv_quant "fp8": the slow KV as e4m3 codes + scales (kernels/kv_fp8.py)
+        self.kv = KVCache.allocate(c, max_running, self.max_len, dev, self.dtype, quant=kv_quant)
         self.scratch_row = self.kv.scratch_row
         self.decode_fast = FastCache.allocate(c, self.buckets[-1], dev, self.dtype)
         self.prefill_fast = FastCache.allocate(c, MAX_PREFILL_BATCH, dev, self.dtype)
@@ -202,7 +205,8 @@ class Runner:
         from kernels.qk_rope_kv import self_check
 
         c = self.config
-        why = self_check(self.device, self.dtype, c.n_head, c.n_local_heads, c.head_dim, c.attention_qk_norm, c.norm_eps)
+        why = self_check(self.device, self.dtype, c.n_head, c.n_local_heads, c.head_dim, c.attention_qk_norm, c.norm_eps,
+                         kv_fp8=self.kv_quant == "fp8")
         why = why or self_check(self.device, self.dtype, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
                                 c.fast_attention_qk_norm, c.norm_eps)
         if why is not None:
@@ -514,4 +518,4 @@ class Runner:
     # --- accounting ------------------------------------------------------------------------
 
     def kv_bytes_per_stream(self) -> int:
-        return KVCache.bytes_per_stream(self.config, self.max_len, self.dtype)
+        return KVCache.bytes_per_stream(self.config, self.max_len, self.dtype, self.kv.quant)

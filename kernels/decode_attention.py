@@ -20,6 +20,11 @@ length write an empty partial (lse = -inf) and cost one program launch.
 The G query heads of a KV head (4 for S2-Pro) are padded to tl.dot's 16-row minimum: the
 tensor cores idle on the padding, but the work is memory-bound (every KV byte is read
 once per step) and a register-resident broadcast product spilled.
+
+FP8 caches (uint8 [rows, L, K, D + 4], kernels/kv_fp8.py) are read as they are: the e4m3
+codes go to the query's dtype exactly, each key's scale multiplies its scores and each
+value's scale the softmax weights before the weighted sum, so nothing is dequantized
+through memory and the step reads half the bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from kernels.kv_fp8 import SCALE_BYTES, head_dim_of, is_packed, kv_views, load_form
 
 # Positions per split and per inner block. 256-position splits keep the grid large enough
 # to fill 132 SMs at batch 1 with 8 KV heads and a ~1-2k context (8 x 4-8 programs per
@@ -41,7 +48,7 @@ BLOCK_N = 64
 
 @triton.jit
 def _decode_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, part_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slots_ptr, lengths_ptr, part_ptr, lse_ptr,
     stride_qb, stride_qh,
     stride_kr, stride_kl, stride_kk,
     stride_vr, stride_vl, stride_vk,
@@ -49,8 +56,11 @@ def _decode_attention_split_kernel(
     stride_lb, stride_lh,
     scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr,
+    SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr,
 ):
+    # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches, ks_ptr / vs_ptr their fp32
+    # views (the scale of (row, position, head) at element HEAD_DIM / 4 of the head's slab;
+    # the fp32 view's strides are the byte strides / 4)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -71,6 +81,9 @@ def _decode_attention_split_kernel(
     end = tl.minimum(start + SPLIT_SIZE, length)
     k_row = k_ptr + slot * stride_kr + kv_head * stride_kk
     v_row = v_ptr + slot * stride_vr + kv_head * stride_vk
+    if KV_FP8:
+        ks_row = ks_ptr + (slot * stride_kr + kv_head * stride_kk + HEAD_DIM) // 4
+        vs_row = vs_ptr + (slot * stride_vr + kv_head * stride_vk + HEAD_DIM) // 4
     if start < end:  # splits past this stream's length do no work
         # a fixed trip count (masked past `end`): masked lanes read no memory, and the
         # interpreter cannot loop over tensor bounds
@@ -79,6 +92,11 @@ def _decode_attention_split_kernel(
             valid = offs_n < end
             k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=valid[:, None], other=0.0)
             v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
+            if KV_FP8:  # e4m3 -> the query's dtype is exact; the scales come in below
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
+                k_scale = tl.load(ks_row + offs_n * (stride_kl // 4), mask=valid, other=0.0)
+                v_scale = tl.load(vs_row + offs_n * (stride_vl // 4), mask=valid, other=0.0)
             if DOT_FP32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -87,12 +105,16 @@ def _decode_attention_split_kernel(
             else:
                 scores = tl.dot(q, tl.trans(k))  # bf16 tensor cores, fp32 accumulation
             scores = scores * scale  # [G_PAD, BLOCK] fp32
+            if KV_FP8:
+                scores = scores * k_scale[None, :]
             scores = tl.where(valid[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked block: no NaN
             alpha = tl.exp(m - m_safe)
             p = tl.exp(scores - m_safe[:, None])
             l = l * alpha + tl.sum(p, axis=1)
+            if KV_FP8:  # sum_n p_n (v_n s_n) = sum_n (p_n s_n) v_n; l keeps the unscaled p
+                p = p * v_scale[None, :]
             if DOT_FP32:
                 pv = tl.dot(p, v, input_precision="ieee")
             else:
@@ -136,10 +158,16 @@ def decode_attention(
     """Attention of one new position per stream; see the module docstring for shapes.
 
     `max_length` bounds every length (default: the cache length); it fixes the number of
-    splits, so a CUDA graph captured once serves any lengths up to it."""
+    splits, so a CUDA graph captured once serves any lengths up to it. Packed FP8 caches
+    (uint8 [rows, L, K, D + 4]) are read as kernels/kv_fp8.py lays them out."""
     b, h, d = q.shape
-    rows, cache_len, kv_heads, dk = k_cache.shape
-    if k_cache.shape != v_cache.shape or dk != d:
+    rows, cache_len, kv_heads, _ = k_cache.shape
+    fp8 = is_packed(k_cache)
+    if is_packed(v_cache) != fp8:
+        raise ValueError(f"k and v caches must share a layout, got {k_cache.dtype} / {v_cache.dtype}")
+    if not fp8 and (k_cache.dtype != q.dtype or v_cache.dtype != q.dtype):
+        raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype} / {v_cache.dtype}) must share a dtype")
+    if k_cache.shape != v_cache.shape or head_dim_of(k_cache) != d:
         raise ValueError(f"k/v caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
     if h % kv_heads:
         raise ValueError(f"{h} query heads are not a multiple of {kv_heads} KV heads")
@@ -150,11 +178,19 @@ def decode_attention(
         raise ValueError("slots and lengths must be int64 [batch]")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the head dim must be contiguous in q and in the caches")
+    if fp8:
+        k_arg, k_scales, _ = kv_views(k_cache)
+        v_arg, v_scales, _ = kv_views(v_cache)
+        if any(st % SCALE_BYTES for st in (*k_cache.stride()[:3], *v_cache.stride()[:3])):
+            raise ValueError("packed FP8 caches need strides that are multiples of 4 bytes (the fp32 scales)")
+    else:
+        k_arg, v_arg = k_cache, v_cache
+        k_scales, v_scales = k_cache, v_cache  # unread
     splits = triton.cdiv(max_length or cache_len, SPLIT)
     part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
     _decode_attention_split_kernel[(b, kv_heads, splits)](
-        q, k_cache, v_cache, slots, lengths, part, lse,
+        q, k_arg, v_arg, k_scales, v_scales, slots, lengths, part, lse,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -163,7 +199,7 @@ def decode_attention(
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=SPLIT, BLOCK=BLOCK_N,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda,
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8,
     )
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b, h)](
@@ -177,14 +213,14 @@ def decode_attention(
 
 
 def decode_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor) -> Tensor:
-    """The same function in plain PyTorch (fp32 math)."""
+    """The same function in plain PyTorch (fp32 math; packed FP8 caches dequantized)."""
     b, h, d = q.shape
     group = h // k_cache.shape[2]
     out = torch.empty_like(q)
     for i in range(b):
         n = int(lengths[i])
-        k = k_cache[slots[i], :n].float().repeat_interleave(group, dim=1)  # [n, H, D]
-        v = v_cache[slots[i], :n].float().repeat_interleave(group, dim=1)
+        k = load_form(k_cache[slots[i], :n], torch.float32).repeat_interleave(group, dim=1)  # [n, H, D]
+        v = load_form(v_cache[slots[i], :n], torch.float32).repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[i].float(), k) * d ** -0.5
         out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)
     return out

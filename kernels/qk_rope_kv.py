@@ -28,15 +28,22 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
+from kernels.kv_fp8 import SCALE_BYTES, head_dim_of, is_packed, kv_views, store_form, unpack_kv
+
 
 @triton.jit
 def _qk_rope_kv_kernel(
-    qkv_ptr, qs_ptr, ks_ptr, rope_ptr, slot_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
+    qkv_ptr, qs_ptr, ks_ptr, rope_ptr, slot_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr,
     stride_xb, stride_rb, stride_qb, stride_qh,
     stride_kr, stride_kl, stride_kk, stride_vr, stride_vl, stride_vk,
     eps, step,
     H: tl.constexpr, KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr, PER_ROW: tl.constexpr,
+    KV_FP8: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
+    # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches (kernels/kv_fp8.py) and
+    # k_scale_ptr / v_scale_ptr their fp32 views: each key and value head is stored as
+    # codes plus one power-of-two scale (fp8_quant's rule), at byte 2 * HALF of its slab
     b = tl.program_id(0)
     head = tl.program_id(1)  # 0..H-1 queries, H..H+KV-1 keys, then KV values
     i = tl.arange(0, HALF)
@@ -50,9 +57,13 @@ def _qk_rope_kv_kernel(
     even = tl.load(src + 2 * i)
     odd = tl.load(src + 2 * i + 1)
     if head >= H + KV:  # a value head: copied as it is
-        dst = v_ptr + slot * stride_vr + pos * stride_vl + (head - H - KV) * stride_vk
-        tl.store(dst + 2 * i, even)
-        tl.store(dst + 2 * i + 1, odd)
+        at = slot * stride_vr + pos * stride_vl + (head - H - KV) * stride_vk
+        if KV_FP8:
+            _store_fp8(v_ptr + at, v_scale_ptr + (at + 2 * HALF) // 4, even.to(tl.float32), odd.to(tl.float32), i,
+                       SOFT_ROUND)
+        else:
+            tl.store(v_ptr + at + 2 * i, even)
+            tl.store(v_ptr + at + 2 * i + 1, odd)
     else:
         dtype = even.dtype
         xe = even.to(tl.float32)
@@ -74,16 +85,34 @@ def _qk_rope_kv_kernel(
         yo = (xe * sin + xo * cos).to(dtype)
         if head < H:
             dst = q_ptr + b * stride_qb + head * stride_qh
+            tl.store(dst + 2 * i, ye)
+            tl.store(dst + 2 * i + 1, yo)
         else:
-            dst = k_ptr + slot * stride_kr + pos * stride_kl + (head - H) * stride_kk
-        tl.store(dst + 2 * i, ye)
-        tl.store(dst + 2 * i + 1, yo)
+            at = slot * stride_kr + pos * stride_kl + (head - H) * stride_kk
+            if KV_FP8:  # the key as the model dtype rounded it, then quantized
+                _store_fp8(k_ptr + at, k_scale_ptr + (at + 2 * HALF) // 4, ye.to(tl.float32), yo.to(tl.float32), i,
+                           SOFT_ROUND)
+            else:
+                tl.store(k_ptr + at + 2 * i, ye)
+                tl.store(k_ptr + at + 2 * i + 1, yo)
+
+
+@triton.jit
+def _store_fp8(codes_ptr, scale_ptr, xe, xo, i, SOFT_ROUND: tl.constexpr):
+    """One head's even and odd halves (fp32) as e4m3 codes and their power-of-two scale."""
+    scale, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(xe), axis=0), tl.max(tl.abs(xo), axis=0)))
+    tl.store(codes_ptr + 2 * i, _to_e4m3(xe * inv, SOFT_ROUND))
+    tl.store(codes_ptr + 2 * i + 1, _to_e4m3(xo * inv, SOFT_ROUND))
+    tl.store(scale_ptr, scale)
 
 
 def _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head) -> tuple[int, int, int]:
     """The layouts both implementations take; returns (B, K, Dh)."""
     b = qkv.shape[0]
-    rows, length, kv, dh = k_cache.shape
+    rows, length, kv, _ = k_cache.shape
+    dh = head_dim_of(k_cache)
+    if is_packed(k_cache) != is_packed(v_cache):
+        raise ValueError(f"k and v caches must share a layout, got {k_cache.dtype} / {v_cache.dtype}")
     if qkv.ndim != 2 or qkv.shape[1] != (n_head + 2 * kv) * dh or qkv.stride(1) != 1:
         raise ValueError(f"qkv must be [B, (H + 2K) * Dh] = [{b}, {(n_head + 2 * kv) * dh}] with unit inner stride, "
                          f"got {list(qkv.shape)} strides {qkv.stride()}")
@@ -99,7 +128,12 @@ def _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n
             raise ValueError(f"without slots, rows 0..B-1 are written at one int position in [0, {length})")
     elif slots.shape != (b,) or positions.shape != (b,) or slots.dtype != torch.int64 or positions.dtype != torch.int64:
         raise ValueError("slots and positions must be int64 [batch]")
-    if qkv.dtype != k_cache.dtype:
+    if is_packed(k_cache):
+        if slots is None:
+            raise ValueError("packed FP8 caches are the slow transformer's (written per row, with slots)")
+        if any(st % SCALE_BYTES for st in (*k_cache.stride()[:3], *v_cache.stride()[:3])):
+            raise ValueError("packed FP8 caches need strides that are multiples of 4 bytes (the fp32 scales)")
+    elif qkv.dtype != k_cache.dtype:
         raise ValueError(f"qkv ({qkv.dtype}) and the caches ({k_cache.dtype}) must share a dtype")
     if (q_scale is None) != (k_scale is None) or (q_scale is not None and (q_scale.shape != (dh,) or k_scale.shape != (dh,))):
         raise ValueError(f"q_scale and k_scale must both be [{dh}], or both None")
@@ -116,14 +150,21 @@ def qk_rope_kv(
     b, kv, dh = _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head)
     q = torch.empty(b, n_head, dh, device=qkv.device, dtype=qkv.dtype)
     per_row = slots is not None
+    fp8 = is_packed(k_cache)
+    if fp8:  # e4m3 views to write codes through, fp32 views to write scales through
+        k_arg, k_scales, _ = kv_views(k_cache)
+        v_arg, v_scales, _ = kv_views(v_cache)
+    else:
+        k_arg, v_arg, k_scales, v_scales = k_cache, v_cache, k_cache, v_cache  # (scales unread)
     _qk_rope_kv_kernel[(b, n_head + 2 * kv)](
         qkv, q_scale if q_scale is not None else qkv, k_scale if k_scale is not None else qkv,  # unread without QK-norm
-        cos_sin, slots if per_row else qkv, positions if per_row else qkv, q, k_cache, v_cache,  # unread without rows
+        cos_sin, slots if per_row else qkv, positions if per_row else qkv, q, k_arg, v_arg, k_scales, v_scales,
         qkv.stride(0), cos_sin.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         eps, 0 if per_row else positions,
         H=n_head, KV=kv, HALF=dh // 2, QK_NORM=q_scale is not None, PER_ROW=per_row,
+        KV_FP8=fp8, SOFT_ROUND=fp8 and _interpreting(),
     )
     return q
 
@@ -144,13 +185,13 @@ def qk_rope_kv_reference(
     qk = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2).to(qkv.dtype)
     rows = slots if slots is not None else torch.arange(b, device=qkv.device)
     at = positions if slots is not None else torch.full((b,), positions, device=qkv.device)
-    k_cache[rows, at] = qk[:, n_head:]
-    v_cache[rows, at] = qkv[:, (n_head + kv) * dh :].view(b, kv, dh)
+    k_cache[rows, at] = store_form(qk[:, n_head:], k_cache)
+    v_cache[rows, at] = store_form(qkv[:, (n_head + kv) * dh :].view(b, kv, dh), v_cache)
     return qk[:, :n_head].contiguous()
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_heads: int, head_dim: int,
-               qk_norm: bool, eps: float = 1e-6) -> str | None:
+               qk_norm: bool, eps: float = 1e-6, kv_fp8: bool = False) -> str | None:
     """Compile and run the kernel once at the serving shapes against the reference; None
     if they agree, else why not (the caller then keeps the PyTorch path). A serving
     process thus never runs a kernel that failed to compile or disagrees on this GPU."""
@@ -173,6 +214,18 @@ def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_h
                 err = ((a.float() - r.float()).norm() / r.float().norm()).item()
                 if not err < tol:
                     return f"{name} differs from the reference by {err:.2e} (relative, slots={where[0] is not None})"
+        if kv_fp8:  # packed FP8 caches (decode's addressing only): values byte for byte, keys to e4m3 precision
+            dim = head_dim + SCALE_BYTES
+            got = [torch.zeros(rows, length, kv_heads, dim, device=device, dtype=torch.uint8) for _ in range(2)]
+            want = [torch.zeros_like(got[0]) for _ in range(2)]
+            qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, slots, positions, n_head)
+            qk_rope_kv_reference(qkv, qs, ks, cos_sin, eps, *want, slots, positions, n_head)
+            if not torch.equal(got[1], want[1]):
+                return "FP8 values differ from the reference's bytes"
+            k_got, k_want = (unpack_kv(c, torch.float32) for c in (got[0], want[0]))
+            err = ((k_got - k_want).norm() / k_want.norm()).item()
+            if not err < 0.07:
+                return f"FP8 keys differ from the reference by {err:.2e} (relative)"
         return None
     except Exception as e:  # a compile failure included: the PyTorch path stays
         return f"{type(e).__name__}: {e}"

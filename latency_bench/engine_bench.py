@@ -7,6 +7,11 @@ are on.
 
     python -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,2,4,8,16,32,64
     python -m latency_bench.engine_bench --model tiny --device cpu --batch 1,2,4,8
+    python -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,64 --kv-quant none,fp8 --context 1000
+
+`--kv-quant none,fp8`: the first KV layout runs every mode; each further one runs the
+fastest mode again (graphs on a GPU) as `<mode>_kv_<layout>`, so the FP8 KV cache and
+its bf16 baseline are timed in the same run.
 """
 
 from __future__ import annotations
@@ -115,12 +120,16 @@ def main(argv=None) -> int:
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--no-graphs", action="store_true", help="eager only (CUDA)")
     p.add_argument("--quant", default="none", choices=["none", "fp8"])
+    p.add_argument("--kv-quant", default="none", help="KV cache layouts, comma-separated: none, fp8")
     p.add_argument("--step-kernels-baseline", action="store_true",
                    help="also run CUDA graphs with the blocks' small ops in PyTorch (mode graphs_torch_ops): "
                         "the baseline of kernels/add_rms_norm.py, swiglu.py, fast_attention.py")
     p.add_argument("--out", default="out/engine_bench")
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
+    kv_quants = a.kv_quant.split(",")
+    if any(q not in ("none", "fp8") for q in kv_quants):
+        p.error(f"--kv-quant takes none and fp8, got {a.kv_quant}")
     bundle = load_bundle(a.model, a.device, quant=a.quant)
     device = bundle.device
     modes = ["eager"]
@@ -128,20 +137,27 @@ def main(argv=None) -> int:
         modes.append("graphs")
         if a.step_kernels_baseline:
             modes.append("graphs_torch_ops")
+    fastest = modes[1] if len(modes) > 1 else modes[0]
+    kv_of = {m: kv_quants[0] for m in modes}
+    for q in kv_quants[1:]:
+        modes.append(f"{fastest}_kv_{q}")
+        kv_of[modes[-1]] = q
     results: dict = {"model": bundle.name, "quant": a.quant, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
                      "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
     for mode in modes:
-        runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=mode != "eager",
-                        step_kernels=False if mode == "graphs_torch_ops" else None)
+        runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=not mode.startswith("eager"),
+                        step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode])
         results[mode] = {
             "step_kernels": runner.model.step_kernels,
+            "kv_quant": kv_of[mode],
+            "kv_bytes_per_stream": runner.kv_bytes_per_stream(),
             "decode": [bench_decode(runner, b, a.context, a.steps) for b in batches],
             "prefill": [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len],
             "segments": [bench_segments(runner, b) for b in (1, 16) if b <= max(batches) and 380 < a.max_len],
         }
-        results["kv_bytes_per_stream"] = runner.kv_bytes_per_stream()
+        results.setdefault("kv_bytes_per_stream", runner.kv_bytes_per_stream())
         del runner
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -155,6 +171,12 @@ def main(argv=None) -> int:
     for i, b in enumerate(batches):
         print(f"{b:>6} " + " ".join(
             f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
+    for m in modes[len(modes) - len(kv_quants) + 1:]:  # each further KV layout against the same mode's first
+        base = results[fastest]
+        ratios = ", ".join(f"batch {b} {base['decode'][i]['step_ms'] / results[m]['decode'][i]['step_ms']:.2f}x"
+                           for i, b in enumerate(batches))
+        print(f"{m} against {fastest} (step time ratio, higher is faster): {ratios}; KV per stream "
+              f"{results[m]['kv_bytes_per_stream'] / 2**20:.1f} vs {base['kv_bytes_per_stream'] / 2**20:.1f} MiB")
     for m in modes:
         for pf in results[m]["prefill"]:
             print(f"{m} prefill {pf['tokens']:>5} tokens: {pf['ms']:.1f} ms (to the first frame on the host)")

@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--model", default="default", help="default | tiny | s1-mini | s2-pro | checkpoint folder")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: cuda if present)")
     p.add_argument("--quant", default="none", choices=["none", "fp8"], help="weight quantization of the transformers")
+    p.add_argument("--kv-quant", default="none", choices=["none", "fp8"],
+                   help="KV cache storage (fp8: e4m3 with a scale per position and head, half the memory)")
     p.add_argument("--max-running", type=int, default=8, help="streams holding a KV slot at once")
     p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
     p.add_argument("--max-len", type=int, default=4096, help="KV positions per stream")
@@ -75,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
         quant=a.quant,
         engine=EngineConfig(
             max_running=a.max_running, max_queued=a.max_queued, max_len=a.max_len,
-            voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds,
+            voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
         ),
         limits=Limits(

@@ -9,6 +9,7 @@
 #   bash scripts/gpu_check.sh fp8      # FP8 kernel tests (compiled) and the kernel benchmark
 #   bash scripts/gpu_check.sh sweep    # FP8 kernel tests and the GEMM tile sweep (~6 min)
 #   bash scripts/gpu_check.sh adopt    # FP8 GPU tests, tile sweep written into kernels/fp8_configs.py, engine FP8 vs bf16 (~9 min)
+#   bash scripts/gpu_check.sh kvfp8    # FP8 KV cache: tests, engine FP8 weights with bf16 vs FP8 KV at contexts 400/1000, FP8 load sweep (~9 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
@@ -137,6 +138,22 @@ adopt)
         timeout 90 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q \
             --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 | grep -v Warn | tail -8
     done
+    ;;
+kvfp8)
+    # the FP8 KV cache: its kernel and engine tests compiled, the engine step with it against
+    # the bf16 cache (same run; FP8 weights) at two contexts, then the FP8 load sweep with it
+    timeout 110 python3 -m pytest -q tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_kv_fp8.py \
+        tests/test_gpu.py -k "fp8 or alone or sync" > "$out/kv_tests.log" 2>&1; tail -4 "$out/kv_tests.log"
+    for ctx in 400 1000; do
+        timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant fp8 \
+            --kv-quant none,fp8 --steps 30 --context $ctx --max-len 1536 --prompt-lengths 300 --out "$out/engine_kv_$ctx" \
+            2>&1 | grep -v Warn | grep "^ \|against\|segments"
+    done
+    work=/tmp/kvload; rm -rf "$work"; mkdir -p "$work"
+    timeout 250 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,32,64 --server-arg=--max-len=1536 \
+        --server-arg=--quant=fp8 --server-arg=--kv-quant=fp8 --server-arg=--log-timing --out "$work/load" 2>&1 \
+        | grep -v "active=" | tee "$out/load.log"
+    cp "$work/load/results.json" "$out/load-fp8-kvfp8.json"
     ;;
 fp8e2e)
     # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table

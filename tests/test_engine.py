@@ -73,11 +73,31 @@ def alone(bundle, text, n):
     return [f.numpy() for f in synth.frames([text], None, GREEDY, GenerateOptions(max_frames=n))]
 
 
-def check_batched_equals_alone(bundle, n: int = 16) -> None:
+def alone_in_engine(bundle, text, n, config: EngineConfig):
+    """A stream's frames when it is the only one in an engine of this config."""
+    engine = Engine(bundle, config).start()
+    tap_frames(engine)
+    try:
+        sink = Recorder()
+        handle = engine.open(VoiceInput(), StreamParams(GREEDY, frame_budget=n), sink)
+        assert sink.ready.wait(30)
+        engine.say(handle, 1, text)
+        assert sink.done.wait(60) and not sink.errors
+        return sink.frames
+    finally:
+        engine.stop()
+
+
+def check_batched_equals_alone(bundle, n: int = 16, kv_quant: str = "none") -> None:
     """Four streams, two joining while the first two decode, each get exactly the frames
-    (and the audio length) the single-stream path gives them."""
-    expected = [alone(bundle, t, n) for t in TEXTS]
-    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=0, max_len=512)).start()
+    (and the audio length) the single-stream path gives them (with an FP8 KV cache: the
+    frames each gets alone in an engine with that cache)."""
+    config = EngineConfig(max_running=4, max_queued=0, max_len=512, kv_quant=kv_quant)
+    if kv_quant == "none":
+        expected = [alone(bundle, t, n) for t in TEXTS]
+    else:
+        expected = [alone_in_engine(bundle, t, n, config) for t in TEXTS]
+    engine = Engine(bundle, config).start()
     tap_frames(engine)
     try:
         sinks = [Recorder() for _ in TEXTS]
@@ -102,6 +122,17 @@ def check_batched_equals_alone(bundle, n: int = 16) -> None:
 
 def test_batched_streams_get_exactly_their_single_stream_frames(bundle):
     check_batched_equals_alone(bundle)
+
+
+def test_fp8_kv_cache_keeps_streams_apart(bundle):
+    """With the FP8 KV cache each position's codes and scale depend on that position's
+    keys and values alone, so batching still gives each stream its own frames."""
+    check_batched_equals_alone(bundle, kv_quant="fp8")
+
+
+def test_kv_quant_is_validated():
+    with pytest.raises(ValueError, match="kv_quant"):
+        EngineConfig(kv_quant="int4")
 
 
 def test_cancel_and_close_free_the_stream_within_a_step(bundle):

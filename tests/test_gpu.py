@@ -95,6 +95,14 @@ def test_fp8_engine_with_graphs_batched_equals_alone():
     check_batched_equals_alone(ModelBundle("s2-fixture-fp8", model, tok, codec, PromptBuilder(tok, model.config), 0.0))
 
 
+def test_fp8_kv_engine_with_graphs_batched_equals_alone(bundle):
+    """--kv-quant fp8 through the graphs, the fused q/k/v write and the decode-attention
+    kernel: each stream still gets the frames it gets alone in the same engine."""
+    from test_engine import check_batched_equals_alone
+
+    check_batched_equals_alone(bundle, kv_quant="fp8")
+
+
 class _Listener:
     """A codec-worker owner that keeps what it hears."""
 

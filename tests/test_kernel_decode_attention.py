@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels.decode_attention import decode_attention, decode_attention_reference
+from kernels.kv_fp8 import pack_kv, unpack_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
@@ -60,3 +61,46 @@ def test_launcher_checks_shapes():
         decode_attention(q, kc, vc, slots.int(), lens)
     with pytest.raises(ValueError, match="do not fit"):
         decode_attention(q, kc, vc[:, :, :1], slots, lens)
+
+
+# --- the FP8 KV cache (kernels/kv_fp8.py) ----------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b, h, k, d, lengths", [
+    (3, 8, 2, 16, [1, 300, 517]),
+    (1, 16, 2, 64, [600]),
+    (2, 32, 8, 128, [5, 260]),  # the S2-Pro heads
+])
+def test_fp8_cache_matches_the_reference_on_its_own_values(b, h, k, d, lengths, dtype):
+    """Read from packed caches, the kernel gives the reference's attention over the
+    dequantized values (what the cache holds), within the dtype's tolerance."""
+    q, kc, vc, slots, lens = case(b, h, k, d, rows=7, cache_len=600, lengths=lengths, dtype=dtype)
+    kp, vp = pack_kv(kc), pack_kv(vc)
+    out = decode_attention(q, kp, vp, slots, lens)
+    ref = decode_attention_reference(q, unpack_kv(kp, dtype), unpack_kv(vp, dtype), slots, lens)
+    assert torch.equal(ref, decode_attention_reference(q, kp, vp, slots, lens))  # the reference reads packed caches too
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < TOL[dtype], err
+    # and against the unquantized cache: the e4m3 rounding of keys and values, a few percent
+    full = decode_attention_reference(q, kc, vc, slots, lens)
+    err = ((out.float() - full.float()).norm() / full.float().norm()).item()
+    assert err < 0.08, err
+
+
+def test_fp8_cache_ignores_positions_past_each_length():
+    q, kc, vc, slots, lens = case(2, 4, 2, 16, rows=3, cache_len=300, lengths=[10, 200], dtype=torch.float32)
+    kp, vp = pack_kv(kc), pack_kv(vc)
+    before = decode_attention(q, kp, vp, slots, lens)
+    kp[:, 200:] = 255  # garbage beyond every length: NaN codes and a NaN scale
+    vp[:, 200:] = 255
+    assert torch.equal(decode_attention(q, kp, vp, slots, lens), before)
+
+
+def test_fp8_launcher_checks_layouts():
+    q, kc, vc, slots, lens = case(2, 4, 2, 16, rows=3, cache_len=64, lengths=[1, 2], dtype=torch.float32)
+    with pytest.raises(ValueError, match="share a layout"):
+        decode_attention(q, pack_kv(kc), vc, slots, lens)
+    with pytest.raises(ValueError, match="do not fit"):
+        decode_attention(q, pack_kv(kc[..., :8]), pack_kv(vc[..., :8]), slots, lens)
+    with pytest.raises(ValueError, match="share a dtype"):
+        decode_attention(q, kc.bfloat16(), vc.bfloat16(), slots, lens)

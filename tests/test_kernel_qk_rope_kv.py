@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.layers import rope_table
+from kernels.kv_fp8 import packed_dim, unpack_kv
 from kernels.qk_rope_kv import qk_rope_kv, qk_rope_kv_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,6 +67,28 @@ def test_rows_at_one_position_match_reference(dtype):
         qk_rope_kv(qkv, None, None, cos_sin, 1e-6, k1, v1, None, 99, 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b, h, kv, dh, qk_norm", [(3, 8, 2, 32, True), (2, 32, 8, 128, True), (5, 2, 1, 8, False)])
+def test_fp8_caches_hold_the_references_codes(b, h, kv, dh, qk_norm, dtype):
+    """Into packed FP8 caches (kernels/kv_fp8.py): values are the reference's bytes
+    exactly (the same power-of-two scale and e4m3 rounding), keys within the tolerance
+    of the rotation they come from, and no other (row, position) is touched."""
+    qkv, (qs, ks), cos_sin, slots, positions, caches = case(b, h, kv, dh, qk_norm, dtype)
+    k1, v1, k2, v2 = (torch.zeros(*c.shape[:3], packed_dim(dh), dtype=torch.uint8, device=DEVICE) for c in caches)
+    q = qk_rope_kv(qkv, qs, ks, cos_sin, 1e-6, k1, v1, slots, positions, h)
+    q_ref = qk_rope_kv_reference(qkv, qs, ks, cos_sin, 1e-6, k2, v2, slots, positions, h)
+    assert rel(q, q_ref) < TOL[dtype]
+    assert torch.equal(v1, v2)
+    assert rel(unpack_kv(k1, torch.float32), unpack_kv(k2, torch.float32)) < TOL[dtype] + 0.07  # one e4m3 step apart at most
+    written = torch.zeros(k1.shape[:2], dtype=torch.bool, device=DEVICE)
+    written[slots, positions] = True
+    assert (k1[~written] == 0).all() and (v1[~written] == 0).all()
+    # and the stored keys are the bf16/fp32 keys to e4m3 precision
+    k_plain = caches[0]
+    qk_rope_kv_reference(qkv, qs, ks, cos_sin, 1e-6, k_plain, caches[1], slots, positions, h)
+    assert rel(unpack_kv(k1, torch.float32)[slots, positions], k_plain[slots, positions]) < 0.05
+
+
 def test_shapes_and_dtypes_are_checked():
     qkv, (qs, ks), cos_sin, slots, positions, (k1, v1, _, _) = case(2, 4, 2, 16, True, torch.float32)
     with pytest.raises(ValueError, match="qkv must be"):
@@ -78,11 +101,18 @@ def test_shapes_and_dtypes_are_checked():
         qk_rope_kv(qkv.double(), qs, ks, cos_sin, 1e-6, k1, v1, slots, positions, 4)
     with pytest.raises(ValueError, match="q_scale and k_scale"):
         qk_rope_kv(qkv, qs, None, cos_sin, 1e-6, k1, v1, slots, positions, 4)
+    packed = [torch.zeros(*k1.shape[:3], packed_dim(16), dtype=torch.uint8, device=DEVICE) for _ in range(2)]
+    with pytest.raises(ValueError, match="share a layout"):
+        qk_rope_kv(qkv, qs, ks, cos_sin, 1e-6, packed[0], v1, slots, positions, 4)
+    with pytest.raises(ValueError, match="slow transformer"):
+        qk_rope_kv(qkv, qs, ks, cos_sin, 1e-6, *packed, None, 3, 4)
 
 
-def test_decode_step_with_the_fused_kernel_gives_the_same_frames():
+@pytest.mark.parametrize("kv_quant", ["none", "fp8"])
+def test_decode_step_with_the_fused_kernel_gives_the_same_frames(kv_quant):
     """The runner's eager step with both Triton decode kernels (fused QK/RoPE/KV write and
-    decode attention) against the PyTorch path: the same greedy frames, batch of 3."""
+    decode attention) against the PyTorch path: the same greedy frames, batch of 3, with
+    either KV layout."""
     from engine.bundle import load_bundle
     from engine.runner import Runner
     from engine.sampling import SamplingParams
@@ -90,7 +120,8 @@ def test_decode_step_with_the_fused_kernel_gives_the_same_frames():
     frames = []
     for fused in (False, True):
         bundle = load_bundle("tiny", DEVICE, torch.float32)
-        runner = Runner(bundle, max_running=3, max_len=128, cuda_graphs=False, attention_kernel=fused, fused_qkv=fused)
+        runner = Runner(bundle, max_running=3, max_len=128, cuda_graphs=False, attention_kernel=fused, fused_qkv=fused,
+                        kv_quant=kv_quant)
         prompt = bundle.prompts.segment("Hello there.")
         for slot in range(3):
             runner.prefill_segment(slot, 8 * slot, prompt, SamplingParams(temperature=0.0))
