@@ -2,7 +2,7 @@
 
 KV layout, per layer: [rows, L, K, Dh] (position-major, like flash-attn's KV cache), so
 that one (row, position) pair is one contiguous [K, Dh] slab. An FP8 cache
-(`--kv-quant fp8`) is uint8 [rows, L, K, Dh + 4], e4m3 codes and a scale per (position,
+(`--kv-quant fp8`) is uint8 [rows, L, K, Dh + 16], e4m3 codes and a scale per (position,
 head) (kernels/kv_fp8.py): new keys and values are packed where they are written and
 unpacked where the PyTorch paths read them; the Triton kernels read the codes directly.
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.kv_fp8 import load_form, store_form
+from kernels.kv_fp8 import is_packed, load_form, store_form
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +114,13 @@ def _prefill(q, k, v, k_cache, v_cache, meta: PrefillMeta) -> Tensor:
 
 def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
     b, s = q.shape[:2]
-    rows, length = k_cache.shape[0], k_cache.shape[1]
+    length = k_cache.shape[1]
     j = torch.arange(s, device=q.device)
     valid = j[None, :] < meta.lengths[:, None]  # [B, S]
     pos = meta.starts[:, None] + j[None, :]  # [B, S]
     flat = torch.where(valid, meta.slots[:, None] * length + pos, meta.scratch_row * length).flatten()
-    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, store_form(k.flatten(0, 1), k_cache))
-    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, store_form(v.flatten(0, 1), v_cache))
+    _write_rows(k_cache, flat, k.flatten(0, 1))
+    _write_rows(v_cache, flat, v.flatten(0, 1))
     if meta.kernel:
         from kernels.decode_attention import decode_attention
 
@@ -140,11 +140,23 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
     return _sdpa(q, keys, values, mask[:, None])
 
 
+def _write_rows(cache: Tensor, flat: Tensor, x: Tensor) -> None:
+    """x [N, K, Dh] into the cache's positions `flat` (row * L + position). A packed FP8
+    cache on a GPU is written by one Triton launch (kernels/kv_fp8_store.py), not the ~10
+    of packing in PyTorch."""
+    if cache.is_cuda and is_packed(cache):
+        from kernels.kv_fp8_store import store_kv_fp8
+
+        store_kv_fp8(x, cache, flat)
+        return
+    cache.view(-1, *cache.shape[2:]).index_copy_(0, flat, store_form(x, cache))
+
+
 def _decode(q, k, v, k_cache, v_cache, meta: DecodeMeta) -> Tensor:
-    rows, length = k_cache.shape[0], k_cache.shape[1]
+    length = k_cache.shape[1]
     flat = meta.slots * length + meta.positions  # [B] index into [rows * L]
-    k_cache.view(rows * length, *k_cache.shape[2:]).index_copy_(0, flat, store_form(k[:, 0], k_cache))
-    v_cache.view(rows * length, *v_cache.shape[2:]).index_copy_(0, flat, store_form(v[:, 0], v_cache))
+    _write_rows(k_cache, flat, k[:, 0])
+    _write_rows(v_cache, flat, v[:, 0])
     return decode_cached(q, k_cache, v_cache, meta)
 
 

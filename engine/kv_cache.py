@@ -1,7 +1,7 @@
 """KV state for a fixed number of streams, allocated once.
 
 Slow KV: [n_layer, rows, max_len, K, Dh] with rows = max_running + 1 (FP8, `quant="fp8"`:
-uint8 [n_layer, rows, max_len, K, Dh + 4], e4m3 codes and a scale per position and head,
+uint8 [n_layer, rows, max_len, K, Dh + 16], e4m3 codes and a scale per position and head,
 kernels/kv_fp8.py: half the bytes the decode step reads at high concurrency). The last row is a
 scratch row: padded entries of a decode batch (bucket larger than the live batch) point
 at it, so they never write into a live stream's row, even one being prefilled on

@@ -21,7 +21,7 @@ The G query heads of a KV head (4 for S2-Pro) are padded to tl.dot's 16-row mini
 tensor cores idle on the padding, but the work is memory-bound (every KV byte is read
 once per step) and a register-resident broadcast product spilled.
 
-FP8 caches (uint8 [rows, L, K, D + 4], kernels/kv_fp8.py) are read as they are: the e4m3
+FP8 caches (uint8 [rows, L, K, D + 16], kernels/kv_fp8.py) are read as they are: the e4m3
 codes go to the query's dtype exactly, each key's scale multiplies its scores and each
 value's scale the softmax weights before the weighted sum, so nothing is dequantized
 through memory and the step reads half the bytes.
@@ -159,7 +159,7 @@ def decode_attention(
 
     `max_length` bounds every length (default: the cache length); it fixes the number of
     splits, so a CUDA graph captured once serves any lengths up to it. Packed FP8 caches
-    (uint8 [rows, L, K, D + 4]) are read as kernels/kv_fp8.py lays them out."""
+    (uint8 [rows, L, K, D + 16]) are read as kernels/kv_fp8.py lays them out."""
     b, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
     fp8 = is_packed(k_cache)

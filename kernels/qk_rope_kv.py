@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
-from kernels.kv_fp8 import SCALE_BYTES, head_dim_of, is_packed, kv_views, store_form, unpack_kv
+from kernels.kv_fp8 import SCALE_BYTES, TAIL_BYTES, head_dim_of, is_packed, kv_views, store_form, unpack_kv
 
 
 @triton.jit
@@ -215,7 +215,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_h
                 if not err < tol:
                     return f"{name} differs from the reference by {err:.2e} (relative, slots={where[0] is not None})"
         if kv_fp8:  # packed FP8 caches (decode's addressing only): values byte for byte, keys to e4m3 precision
-            dim = head_dim + SCALE_BYTES
+            dim = head_dim + TAIL_BYTES
             got = [torch.zeros(rows, length, kv_heads, dim, device=device, dtype=torch.uint8) for _ in range(2)]
             want = [torch.zeros_like(got[0]) for _ in range(2)]
             qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, slots, positions, n_head)

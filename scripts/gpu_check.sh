@@ -143,12 +143,16 @@ kvfp8)
     # the FP8 KV cache: its kernel and engine tests compiled, the engine step with it against
     # the bf16 cache (same run; FP8 weights) at two contexts, then the FP8 load sweep with it
     timeout 110 python3 -m pytest -q tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_kv_fp8.py \
-        tests/test_gpu.py -k "fp8 or alone or sync" > "$out/kv_tests.log" 2>&1; tail -4 "$out/kv_tests.log"
+        tests/test_gpu.py -k "fp8 or alone or sync or store" > "$out/kv_tests.log" 2>&1; tail -4 "$out/kv_tests.log"
     for ctx in 400 1000; do
         timeout 100 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant fp8 \
             --kv-quant none,fp8 --steps 30 --context $ctx --max-len 1536 --prompt-lengths 300 --out "$out/engine_kv_$ctx" \
             2>&1 | grep -v Warn | grep "^ \|against\|segments"
     done
+    # the load sweep only if the FP8 cache made the batch-64 step at context 1000 faster
+    python3 -c "import json, sys; g = json.load(open('$out/engine_kv_1000/engine_bench.json'));
+r = g['graphs']['decode'][-1]['step_ms'] / g['graphs_kv_fp8']['decode'][-1]['step_ms']; print(f'batch 64 ratio {r:.2f}');
+sys.exit(0 if r > 1.03 else 1)" || exit 0
     work=/tmp/kvload; rm -rf "$work"; mkdir -p "$work"
     timeout 250 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,32,64 --server-arg=--max-len=1536 \
         --server-arg=--quant=fp8 --server-arg=--kv-quant=fp8 --server-arg=--log-timing --out "$work/load" 2>&1 \

@@ -101,6 +101,6 @@ def test_fp8_launcher_checks_layouts():
     with pytest.raises(ValueError, match="share a layout"):
         decode_attention(q, pack_kv(kc), vc, slots, lens)
     with pytest.raises(ValueError, match="do not fit"):
-        decode_attention(q, pack_kv(kc[..., :8]), pack_kv(vc[..., :8]), slots, lens)
+        decode_attention(q, pack_kv(torch.cat([kc, kc], -1)), pack_kv(torch.cat([vc, vc], -1)), slots, lens)
     with pytest.raises(ValueError, match="share a dtype"):
         decode_attention(q, kc.bfloat16(), vc.bfloat16(), slots, lens)

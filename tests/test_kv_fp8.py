@@ -17,7 +17,7 @@ def test_pack_then_unpack_is_e4m3_precise_and_exact_on_e4m3_values():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 7, 2, 128, generator=g, dtype=torch.float32) * torch.logspace(-3, 3, 7)[None, :, None, None]
     p = pack_kv(x)
-    assert p.dtype == torch.uint8 and p.shape == (4, 7, 2, 132)
+    assert p.dtype == torch.uint8 and p.shape == (4, 7, 2, 144)
     y = unpack_kv(p, torch.float32)
     # per element at most half an e4m3 step of its head's scale (3 mantissa bits), at any magnitude
     scale = pow2_scale(x.abs().amax(-1))[..., None]
@@ -30,7 +30,7 @@ def test_pack_then_unpack_is_e4m3_precise_and_exact_on_e4m3_values():
 
 
 def test_zeros_and_slices():
-    assert (unpack_kv(torch.zeros(3, 5, 2, 68, dtype=torch.uint8), torch.bfloat16) == 0).all()  # a fresh cache
+    assert (unpack_kv(torch.zeros(3, 5, 2, 80, dtype=torch.uint8), torch.bfloat16) == 0).all()  # a fresh cache
     assert (unpack_kv(pack_kv(torch.zeros(2, 64)), torch.float32) == 0).all()
     x = torch.randn(5, 9, 2, 64)
     p = pack_kv(x)
@@ -39,8 +39,8 @@ def test_zeros_and_slices():
     assert head_dim_of(p) == 64 and head_dim_of(x) == 64
     # the model-dtype layout passes through both helpers unchanged (store) / cast (load)
     assert store_form(x, x) is x and torch.equal(load_form(x.bfloat16(), torch.float32), x.bfloat16().float())
-    with pytest.raises(ValueError, match="multiple of 4"):
-        packed_dim(66)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        packed_dim(72)
     with pytest.raises(ValueError, match="not a packed"):
         kv_views(x)
 
@@ -53,10 +53,10 @@ def test_fp8_cache_allocation_and_size():
     assert fp8.quant == "fp8" and plain.quant == "none" and fp8.head_dim == plain.head_dim == config.head_dim
     assert fp8.scratch_row == plain.scratch_row and fp8.max_len == plain.max_len
     per_stream = KVCache.bytes_per_stream(config, 64, torch.bfloat16, "fp8")
-    assert per_stream == 2 * config.n_layer * config.n_local_heads * (config.head_dim + 4) * 64
-    # a byte per element + 4 per head against bf16's 2 per element: 0.52x at S2-Pro's head dim 128
+    assert per_stream == 2 * config.n_layer * config.n_local_heads * (config.head_dim + 16) * 64
+    # a byte per element + 16 per head against bf16's 2 per element: 0.56x at S2-Pro's head dim 128
     hd = config.head_dim
-    assert per_stream * 2 * hd == KVCache.bytes_per_stream(config, 64, torch.bfloat16) * (hd + 4)
+    assert per_stream * 2 * hd == KVCache.bytes_per_stream(config, 64, torch.bfloat16) * (hd + 16)
     with pytest.raises(ValueError, match="KV quantization"):
         KVCache.allocate(config, 3, 64, "cpu", torch.bfloat16, quant="int8")
 
@@ -68,3 +68,28 @@ def test_service_flag():
     assert parse_args([]).engine.kv_quant == "none"
     with pytest.raises(SystemExit):
         parse_args(["--kv-quant", "int4"])
+
+
+@pytest.mark.parametrize("heads, dh", [(2, 16), (8, 128)])
+def test_store_kernel_writes_the_references_bytes(heads, dh):
+    """kernels/kv_fp8_store.py (the prefill write; Triton interpreter on the CPU): the
+    bytes pack_kv + index_copy_ write, from a strided x, and nothing at other positions."""
+    from kernels.kv_fp8_store import store_kv_fp8, store_kv_fp8_reference
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(1)
+    rows, length, n = 3, 20, 9
+    qkv = torch.randn(n, 3 * heads, dh, generator=g).to(device, torch.bfloat16) * 3
+    x = qkv[:, heads : 2 * heads]  # a strided slice, as the keys of a fused projection are
+    x[2] = 0  # an all-zero head: codes 0, the floor's scale
+    index = torch.randperm(rows * length, generator=g)[:n].to(device)
+    got = torch.zeros(rows, length, heads, packed_dim(dh), dtype=torch.uint8, device=device)
+    want = torch.zeros_like(got)
+    store_kv_fp8(x, got, index)
+    store_kv_fp8_reference(x, want, index)
+    assert torch.equal(got, want)
+    assert (got.view(-1, heads, packed_dim(dh))[index] != 0).any() and int((got != 0).any(-1).any(-1).sum()) <= n
+    with pytest.raises(ValueError, match="index must be int64"):
+        store_kv_fp8(x, got, index.int())
+    with pytest.raises(ValueError, match="packed FP8"):
+        store_kv_fp8(x, got.view(torch.float8_e4m3fn), index)
