@@ -159,6 +159,21 @@ sys.exit(0 if r > 1.03 else 1)" || exit 0
         | grep -v "active=" | tee "$out/load.log"
     cp "$work/load/results.json" "$out/load-fp8-kvfp8.json"
     ;;
+kvfp8-short)
+    # the FP8 KV cache's read path again after a kernel change: its tests, the engine step at
+    # context 1000 against the bf16 cache, and if faster, the load at c=16 and 64
+    timeout 60 python3 -m pytest -q tests/test_kernel_decode_attention.py tests/test_kv_fp8.py 2>&1 | tail -2
+    timeout 90 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant fp8 \
+        --kv-quant none,fp8 --steps 30 --context 1000 --max-len 1536 --prompt-lengths 300 --out "$out/engine_kv_1000" \
+        2>&1 | grep -v Warn | grep "^ \|against\|segments"
+    python3 -c "import json, sys; g = json.load(open('$out/engine_kv_1000/engine_bench.json'));
+r = g['graphs']['decode'][-1]['step_ms'] / g['graphs_kv_fp8']['decode'][-1]['step_ms']; print(f'batch 64 ratio {r:.2f}');
+sys.exit(0 if r > 1.03 else 1)" || exit 0
+    work=/tmp/kvload; rm -rf "$work"; mkdir -p "$work"
+    timeout 130 python3 -m latency_bench "${bench[@]}" --concurrency 16,64 --server-arg=--max-len=1536 \
+        --server-arg=--quant=fp8 --server-arg=--kv-quant=fp8 --out "$work/load" 2>&1 | grep -v "active=" | tail -6
+    cp "$work/load/results.json" "$out/load-fp8-kvfp8-c16-64.json"
+    ;;
 fp8e2e)
     # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table
     timeout 150 python3 -m pytest -q "${fp8_tests[@]}" tests/test_step_kernels.py > "$out/fp8_tests.log" 2>&1; tail -4 "$out/fp8_tests.log"
