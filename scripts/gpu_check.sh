@@ -10,6 +10,8 @@
 #   bash scripts/gpu_check.sh sweep    # FP8 kernel tests and the GEMM tile sweep (~6 min)
 #   bash scripts/gpu_check.sh adopt    # FP8 GPU tests, tile sweep written into kernels/fp8_configs.py, engine FP8 vs bf16 (~9 min)
 #   bash scripts/gpu_check.sh kvfp8    # FP8 KV cache: tests, engine FP8 weights with bf16 vs FP8 KV at contexts 400/1000, FP8 load sweep (~9 min)
+#   bash scripts/gpu_check.sh fp8load  # FP8 load sweep c=1,16,32,64 and its gate against load-fp8.json (~3 min)
+#   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
@@ -173,6 +175,14 @@ sys.exit(0 if r > 1.03 else 1)" || exit 0
     timeout 130 python3 -m latency_bench "${bench[@]}" --concurrency 16,64 --server-arg=--max-len=1536 \
         --server-arg=--quant=fp8 --server-arg=--kv-quant=fp8 --out "$work/load" 2>&1 | grep -v "active=" | tail -6
     cp "$work/load/results.json" "$out/load-fp8-kvfp8-c16-64.json"
+    ;;
+fp8load)
+    # the FP8 load sweep (the README's FP8 reference run) and its gate against load-fp8.json
+    work=/tmp/fp8load; rm -rf "$work"; mkdir -p "$work"
+    timeout 180 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,32,64 --server-arg=--max-len=1536 \
+        --server-arg=--quant=fp8 --out "$work/load" 2>&1 | grep -v "active=" | tail -8
+    cp "$work/load/results.json" "$out/load-fp8.json"; cp "$work/load/ttfa_throughput.png" "$out/" 2>/dev/null
+    python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/load-fp8.json --current "$out/load-fp8.json"
     ;;
 fp8e2e)
     # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table
