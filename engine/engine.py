@@ -47,7 +47,8 @@ class EngineConfig:
     voice_cache_bytes: int = 1 << 30  # device memory for cached voice prefixes
     max_reference_seconds: float = 30.0
     # "fp8": the slow transformer's KV cache as e4m3 codes with a scale per position and
-    # head (kernels/kv_fp8.py): half the bytes per stream, half what a decode step reads
+    # head (kernels/kv_fp8.py): 0.56x the memory per stream, so more streams or context
+    # fit; measured on an H200 it does not make the step faster (README, FP8 section)
     kv_quant: str = "none"
     # Baseline for benchmarks: one utterance at a time, the host waits for every step
     # (no pipelining), no CUDA graphs. Never faster; it exists to be compared against.

@@ -2,7 +2,7 @@
 
 Slow KV: [n_layer, rows, max_len, K, Dh] with rows = max_running + 1 (FP8, `quant="fp8"`:
 uint8 [n_layer, rows, max_len, K, Dh + 16], e4m3 codes and a scale per position and head,
-kernels/kv_fp8.py: half the bytes the decode step reads at high concurrency). The last row is a
+kernels/kv_fp8.py: 0.56x the memory per stream). The last row is a
 scratch row: padded entries of a decode batch (bucket larger than the live batch) point
 at it, so they never write into a live stream's row, even one being prefilled on
 another thread at that moment.
@@ -84,7 +84,7 @@ class KVCache:
 
     @staticmethod
     def bytes_per_stream(config: ModelConfig, max_len: int, dtype: torch.dtype, quant: str = "none") -> int:
-        if quant == "fp8":  # one byte per element plus a 4-byte scale per head
+        if quant == "fp8":  # one byte per element plus 16 per head (the scale and its padding)
             per_head = packed_dim(config.head_dim)
         else:
             per_head = config.head_dim * torch.empty((), dtype=dtype).element_size()

@@ -22,12 +22,13 @@ tensor cores idle on the padding, but the work is memory-bound (every KV byte is
 once per step) and a register-resident broadcast product spilled.
 
 FP8 caches (uint8 [rows, L, K, D + 16], kernels/kv_fp8.py) are read as they are: the e4m3
-codes go to fp16 exactly (one conversion instruction per pair; to bf16 it takes several,
-and on an H200 that made the FP8 read slower than bf16's), the dots run in fp16, each
-key's scale multiplies its scores and each value's scale its values in registers, so
-nothing is dequantized through memory and the step reads 0.56x the bytes. (fp16 holds
-values up to 65504 and scales down to 2^-24 exactly: far outside what attention values
-reach; a head of values all below ~1e-5 would read as zeros.)
+codes go to fp16 exactly (one conversion instruction per pair), the dots run in fp16,
+each key's scale multiplies its scores and each value's scale its values in registers,
+so nothing is dequantized through memory and the kernel reads 0.56x the bytes. It is not
+faster for that yet: on an H200 the batch-64 step at context 1000 took 10.57 ms against
+9.96 with the bf16 cache (kernels/FP8_NOTES.md, with what was ruled out and what is
+left). fp16 holds values up to 65504 and scales down to 2^-24 exactly, far outside what
+attention values reach; a head of values all below ~1e-5 would read as zeros.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _decode_attention_split_kernel(
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=real[:, None], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
-    elif KV_FP8:  # fp16 tensor cores: e4m3 -> fp16 is one instruction per pair (bf16 takes several)
+    elif KV_FP8:  # fp16 tensor cores: e4m3 -> fp16 is one instruction per pair
         q = q.to(tl.float16)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)

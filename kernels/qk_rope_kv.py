@@ -8,7 +8,9 @@
 
 Per head (one program per stream and head): QK-norm in the upstream order (normalize in
 fp32, round to the model dtype, scale in the model dtype), then RoPE on interleaved pairs
-in fp32, rounded once; keys go straight into the cache, values are copied there.
+in fp32, rounded once; keys go straight into the cache, values are copied there. Into a
+packed FP8 cache (kernels/kv_fp8.py) each key and value head is written as e4m3 codes and
+its power-of-two scale, the bytes `pack_kv` gives.
 
 What it replaces, per slow layer of a decode step (engine/layers.py Attention.qkv +
 engine/attention.py _decode): the strided-input copy, the norm, the scale's concat and
@@ -56,7 +58,7 @@ def _qk_rope_kv_kernel(
         pos = step
     even = tl.load(src + 2 * i)
     odd = tl.load(src + 2 * i + 1)
-    if head >= H + KV:  # a value head: copied as it is
+    if head >= H + KV:  # a value head: copied as it is (an FP8 cache: quantized)
         at = slot * stride_vr + pos * stride_vl + (head - H - KV) * stride_vk
         if KV_FP8:
             _store_fp8(v_ptr + at, v_scale_ptr + (at + 2 * HALF) // 4, even.to(tl.float32), odd.to(tl.float32), i,
