@@ -630,3 +630,21 @@ def test_trimmed_audio_keeps_whole_shards_the_held_out_set_and_matching_metadata
     assert stats["held_out_utterances"] == 2 and stats["utterances"] == 4 and "1 of 3 shards" in stats["trimmed"]
     total = sum(f.stat().st_size for f in small.rglob("*") if f.is_file() and f.name != "stats.json")
     assert total <= meta + 2500
+
+
+def test_codec_diagnosis_decodes_like_the_codec():
+    """scripts/voice/codec_diagnose.py's variants: all codebooks summed by hand decode to
+    the codec's own round trip, and fewer codebooks to something else."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("codec_diagnose", Path("scripts/voice/codec_diagnose.py"))
+    diagnose = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagnose)
+    codec = fold_weight_norm_(_codec_trainer().codec).eval()
+    x = torch.randn(1, 4 * CODEC.hop_length) * 0.1
+    with torch.no_grad():
+        out = diagnose.variants(codec, x, [1, codec.num_codebooks])
+        assert torch.allclose(out[f"codebooks:{codec.num_codebooks}"], codec.decode(codec.encode(x)), atol=1e-5)
+        assert torch.equal(out["full"], codec.decode(codec.encode(x)))
+    assert out["unquantized"].shape == out["full"].shape
+    assert not torch.allclose(out["codebooks:1"], out["full"], atol=1e-5)

@@ -1,0 +1,100 @@
+"""Where a trained codec loses intelligibility: quantization or the autoencoder itself.
+
+For held-out teacher sentences, decodes each one several ways and scores each with the
+same pocketsphinx WER and log-mel L1 (the training loss's mel term) as the quality gate:
+
+- `full`: encode -> all codebooks -> decode (the round trip the gate measures);
+- `unquantized`: the latent the quantizers see, decoded as it is (no codebook at all);
+- `codebooks:k`: the semantic codebook plus the first k - 1 residual ones.
+
+If `unquantized` is intelligible and `full` is not, the bits (or the codebooks' training)
+are the problem; if neither is, the encoder/decoder are. Runs on the CPU:
+
+    .venv/bin/python scripts/voice/codec_diagnose.py --codec .carry/codec-run2 \
+        --data .carry/voice/audio-resume --limit 15 --out /tmp/codec_diagnose.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.audio import resample  # noqa: E402
+from engine.codec.loader import load_codec  # noqa: E402
+from engine.train.codec_losses import ReconstructionLoss  # noqa: E402
+from engine.train.evaluate import SPLITS, WER, HeldOut, Recognizer  # noqa: E402
+
+
+def encoded(codec, x: torch.Tensor) -> torch.Tensor:
+    """audio [1, T] -> the encoder's output (what DownsampleQuantizer.encode takes)."""
+    y = torch.nn.functional.pad(x[:, None], (0, -x.shape[-1] % codec.hop_length))
+    return codec.encoder(y)
+
+
+def decode_latent(codec, z: torch.Tensor) -> torch.Tensor:
+    q = codec.quantizer
+    return codec.decoder(q.upsample(q.post_module(z)))[:, 0]
+
+
+def variants(codec, x: torch.Tensor, keep: list[int]) -> dict[str, torch.Tensor]:
+    q = codec.quantizer
+    e = encoded(codec, x)
+    codes = q.encode(e)  # the same codes Codec.encode gives
+    z = q.pre_module(q.downsample(e))  # what the quantizers quantize
+    out = {"full": codec.decode(codes), "unquantized": decode_latent(codec, z)}
+    for k in keep:
+        zq = q.semantic_quantizer.decode(codes[:, :1])
+        for i in range(1, k):
+            zq = zq + q.quantizer.quantizers[i - 1].decode(codes[:, i])
+        out[f"codebooks:{k}"] = decode_latent(codec, zq)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
+    p.add_argument("--data", type=Path, required=True, help="teacher audio folder (its held-out splits are used)")
+    p.add_argument("--limit", type=int, default=15, help="sentences per split")
+    p.add_argument("--keep", default="1,3", help="codebook counts to also decode with (semantic + residual)")
+    p.add_argument("--out", type=Path)
+    a = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    codec = load_codec(a.codec / "codec.pth")
+    loss = ReconstructionLoss(codec.sample_rate)
+    held = HeldOut.load([a.data], codec.sample_rate, a.limit)
+    asr = Recognizer()
+    keep = [int(k) for k in a.keep.split(",") if k]
+    report: dict = {"codec": str(a.codec), "limit": a.limit, "splits": {}}
+    t0 = time.perf_counter()
+    for split in SPLITS:
+        wers: dict[str, WER] = {}
+        mels: dict[str, list[float]] = {}
+        teacher = WER()
+        for it in held.split(split):
+            x = torch.from_numpy(resample(it.audio, held.rate, codec.sample_rate)).float()[None]
+            teacher.add(it.text, asr.transcribe(x[0].numpy(), codec.sample_rate))
+            for name, y in variants(codec, x, keep).items():
+                y = y[:, : x.shape[1]]
+                wers.setdefault(name, WER()).add(it.text, asr.transcribe(y[0].numpy(), codec.sample_rate))
+                mels.setdefault(name, []).append(float(loss.mel(y, x)))
+        report["splits"][split] = {
+            "teacher_wer": round(teacher.value, 4),
+            **{name: {"wer": round(w.value, 4), "mel_l1": round(float(np.mean(mels[name])), 4)} for name, w in wers.items()},
+        }
+        print(split, json.dumps(report["splits"][split]), flush=True)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    if a.out:
+        a.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
