@@ -12,6 +12,7 @@
 #   bash scripts/gpu_check.sh kvfp8    # FP8 KV cache: tests, engine FP8 weights with bf16 vs FP8 KV at contexts 400/1000, FP8 load sweep (~9 min)
 #   bash scripts/gpu_check.sh fp8load  # FP8 load sweep c=1,16,32,64 and its gate against load-fp8.json (~3 min)
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
+#   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~2 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
@@ -183,6 +184,11 @@ fp8load)
         --server-arg=--quant=fp8 --out "$work/load" 2>&1 | grep -v "active=" | tail -8
     cp "$work/load/results.json" "$out/load-fp8.json"; cp "$work/load/ttfa_throughput.png" "$out/" 2>/dev/null
     python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/load-fp8.json --current "$out/load-fp8.json"
+    ;;
+attention)
+    # the decode-attention kernel alone, bf16 against FP8 KV cache, over block / warps / stages (~1-2 min)
+    timeout 300 python3 -m latency_bench.attention_bench --batch 64 --context 1000 --out "$out/attention_bench" 2>&1 \
+        | tee "$out/attention_bench.log" | tail -40
     ;;
 fp8e2e)
     # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table

@@ -104,3 +104,25 @@ def test_fp8_launcher_checks_layouts():
         decode_attention(q, pack_kv(torch.cat([kc, kc], -1)), pack_kv(torch.cat([vc, vc], -1)), slots, lens)
     with pytest.raises(ValueError, match="share a dtype"):
         decode_attention(q, kc.bfloat16(), vc.bfloat16(), slots, lens)
+
+
+def test_launch_choices_give_the_same_attention():
+    """block / num_warps / num_stages (latency_bench.attention_bench's sweep) change how the
+    kernel runs, not what it computes."""
+    q, kc, vc, slots, lens = case(3, 8, 2, 16, rows=5, cache_len=300, lengths=[1, 130, 300], dtype=torch.float32)
+    base = decode_attention(q, kc, vc, slots, lens)
+    for block in (16, 32, 128):
+        torch.testing.assert_close(decode_attention(q, kc, vc, slots, lens, block=block, num_warps=2, num_stages=1),
+                                   base, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="block"):
+        decode_attention(q, kc, vc, slots, lens, block=48)
+
+
+def test_attention_benchmark_script_runs(tmp_path):
+    import json
+
+    from latency_bench.attention_bench import main
+
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "attention_bench.json").read_text())["rows"]
+    assert [r["fp8"] for r in rows] == [False, True] and all(r["us"] > 0 for r in rows)

@@ -1,0 +1,101 @@
+"""`python -m latency_bench.attention_bench`: the decode-attention kernel alone, bf16 KV
+cache against the FP8 one (kernels/kv_fp8.py), over its launch choices.
+
+The FP8 cache reads 0.56x the bytes, yet on an H200 the batch-64 step with it was slower
+(kernels/FP8_NOTES.md): the bf16 kernel streams its KV at about the card's copy rate and
+the FP8 one does not. This times one layer's attention at the decode shape (S2-Pro heads:
+32 query heads, 8 KV heads of 128) for each (cache, block, warps, stages), reports each
+one's effective bandwidth (the cache bytes it must read / its time) and the best FP8
+choice against the best bf16 one: the ratio to beat is 1 / 0.56.
+
+    python -m latency_bench.attention_bench --batch 64 --context 1000
+    python -m latency_bench.attention_bench --smoke   # a CPU check of the script (interpreter)
+
+Each call reads a different layer's cache (enough copies to overflow L2), inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from latency_bench.jsonfile import write_json
+from latency_bench.kernel_bench import L2_BYTES, Timer, bench_device
+
+
+def make_cache(batch: int, context: int, kv_heads: int, head_dim: int, fp8: bool, device) -> tuple:
+    from kernels.kv_fp8 import pack_kv
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    k = torch.randn(batch + 1, context, kv_heads, head_dim, generator=g).to(device, torch.bfloat16)
+    v = torch.randn(batch + 1, context, kv_heads, head_dim, generator=g).to(device, torch.bfloat16)
+    return (pack_kv(k), pack_kv(v)) if fp8 else (k, v)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m latency_bench.attention_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--context", type=int, default=1000)
+    p.add_argument("--blocks", default="32,64,128")
+    p.add_argument("--warps", default="2,4,8")
+    p.add_argument("--stages", default="1,2,3,4")
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", default="out/attention_bench")
+    a = p.parse_args(argv)
+    device = bench_device(a.smoke, "attention_bench")
+    if device is None:
+        return 2
+    from kernels.decode_attention import decode_attention, decode_attention_reference
+
+    heads, kv_heads, head_dim = (8, 2, 16) if a.smoke else (32, 8, 128)
+    batch, context = (2, 40) if a.smoke else (a.batch, a.context)
+    blocks = [32] if a.smoke else [int(x) for x in a.blocks.split(",")]
+    warps = [4] if a.smoke else [int(x) for x in a.warps.split(",")]
+    stages = [2] if a.smoke else [int(x) for x in a.stages.split(",")]
+    g = torch.Generator(device="cpu").manual_seed(1)
+    q = torch.randn(batch, heads, head_dim, generator=g).to(device, torch.bfloat16)
+    slots = torch.arange(batch, device=device)
+    lengths = torch.full((batch,), context, device=device)
+    timer = Timer(device, a.replays)
+    rows, t0 = [], time.perf_counter()
+    for fp8 in (False, True):
+        one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
+        nbytes = sum(c[:batch].numel() * c.element_size() for c in one)  # what one call must read
+        copies = 2 if a.smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
+        caches = [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
+        ref = decode_attention_reference(q.float(), *(c for c in one), slots, lengths) if a.smoke else None
+        for block, w, st in itertools.product(blocks, warps, stages):
+            def call(kc, vc, block=block, w=w, st=st):
+                return decode_attention(q, kc, vc, slots, lengths, max_length=context, block=block,
+                                        num_warps=w, num_stages=st)
+            if ref is not None:  # the smoke run checks what it times
+                err = ((call(*one).float() - ref).norm() / ref.norm()).item()
+                assert err < 0.05, err
+            us = timer.us_per_call([lambda c=c: call(*c) for c in caches])
+            rows.append({"fp8": fp8, "block": block, "num_warps": w, "num_stages": st, "us": us,
+                         "bytes": nbytes, "tb_per_s": nbytes / us / 1e6 if us == us else float("nan")})
+            print(f"{'fp8 ' if fp8 else 'bf16'} block {block:>3} warps {w} stages {st}: {us:8.1f} us "
+                  f"{rows[-1]['tb_per_s']:5.2f} TB/s", flush=True)
+        del caches, one
+    best = {fp8: min((r for r in rows if r["fp8"] == fp8 and r["us"] == r["us"]), key=lambda r: r["us"])
+            for fp8 in (False, True)}
+    ratio = best[False]["us"] / best[True]["us"]
+    print(f"best bf16 {best[False]['us']:.1f} us, best fp8 {best[True]['us']:.1f} us: fp8 {ratio:.2f}x "
+          f"(its bytes alone would give {best[False]['bytes'] / best[True]['bytes']:.2f}x)")
+    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
+               "batch": batch, "context": context, "heads": [heads, kv_heads, head_dim], "smoke": a.smoke,
+               "seconds": time.perf_counter() - t0, "rows": rows, "fp8_vs_bf16": ratio}
+    write_json(Path(a.out) / "attention_bench.json", results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
