@@ -5,7 +5,11 @@ same pocketsphinx WER and log-mel L1 (the training loss's mel term) as the quali
 
 - `full`: encode -> all codebooks -> decode (the round trip the gate measures);
 - `unquantized`: the latent the quantizers see, decoded as it is (no codebook at all);
-- `codebooks:k`: the semantic codebook plus the first k - 1 residual ones.
+- `codebooks:k`: the semantic codebook plus the first k - 1 residual ones;
+- with `--griffin-lim`, no codec at all: the teacher's own magnitude spectrogram (`gl:linear`)
+  and its 80-band mel spectrogram (`gl:mel80`) turned back into audio by Griffin-Lim,
+  i.e. what pocketsphinx makes of speech whose phase (and fine spectrum) is lost, the
+  way a decoder trained on spectral losses alone tends to lose them.
 
 If `unquantized` is intelligible and `full` is not, the bits (or the codebooks' training)
 are the problem; if neither is, the encoder/decoder are. Runs on the CPU:
@@ -58,12 +62,37 @@ def variants(codec, x: torch.Tensor, keep: list[int]) -> dict[str, torch.Tensor]
     return out
 
 
+def griffin_lim(magnitude: torch.Tensor, n_fft: int, hop: int, length: int, iterations: int = 48) -> torch.Tensor:
+    """[F, frames] magnitude -> audio [1, length], phase found by Griffin-Lim (seeded)."""
+    window = torch.hann_window(n_fft)
+    g = torch.Generator().manual_seed(0)
+    phase = torch.exp(2j * torch.pi * torch.rand(magnitude.shape, generator=g))
+    for _ in range(iterations):
+        y = torch.istft(magnitude * phase, n_fft, hop, window=window, length=length)
+        spec = torch.stft(y, n_fft, hop, window=window, return_complex=True)
+        phase = spec / spec.abs().clamp(min=1e-8)
+    return torch.istft(magnitude * phase, n_fft, hop, window=window, length=length)[None]
+
+
+def vocoded(x: torch.Tensor, rate: int, n_fft: int = 1024, hop: int = 256) -> dict[str, torch.Tensor]:
+    """The teacher audio x [1, T] through its linear and its 80-band mel spectrogram."""
+    from engine.train.codec_losses import mel_filterbank
+
+    window = torch.hann_window(n_fft)
+    mag = torch.stft(x[0], n_fft, hop, window=window, return_complex=True).abs()
+    fb = mel_filterbank(rate, n_fft, 80)
+    from_mel = (torch.linalg.pinv(fb) @ (fb @ mag)).clamp(min=0.0)
+    n = x.shape[1]
+    return {"gl:linear": griffin_lim(mag, n_fft, hop, n), "gl:mel80": griffin_lim(from_mel, n_fft, hop, n)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
     p.add_argument("--data", type=Path, required=True, help="teacher audio folder (its held-out splits are used)")
     p.add_argument("--limit", type=int, default=15, help="sentences per split")
     p.add_argument("--keep", default="1,3", help="codebook counts to also decode with (semantic + residual)")
+    p.add_argument("--griffin-lim", action="store_true", help="also the teacher through Griffin-Lim (no codec)")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     torch.set_grad_enabled(False)
@@ -81,7 +110,10 @@ def main(argv=None) -> int:
         for it in held.split(split):
             x = torch.from_numpy(resample(it.audio, held.rate, codec.sample_rate)).float()[None]
             teacher.add(it.text, asr.transcribe(x[0].numpy(), codec.sample_rate))
-            for name, y in variants(codec, x, keep).items():
+            decoded = variants(codec, x, keep)
+            if a.griffin_lim:
+                decoded.update(vocoded(x, codec.sample_rate))
+            for name, y in decoded.items():
                 y = y[:, : x.shape[1]]
                 wers.setdefault(name, WER()).add(it.text, asr.transcribe(y[0].numpy(), codec.sample_rate))
                 mels.setdefault(name, []).append(float(loss.mel(y, x)))
