@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import io
 import subprocess
 import sys
 from pathlib import Path

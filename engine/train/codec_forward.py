@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrizations, parametrize
 
 from engine.codec.model import Codec
-from engine.codec.quantizer import ResidualVQ, VectorQuantizer
+from engine.codec.quantizer import VectorQuantizer
 from engine.train.phone_targets import BLANK
 
 
