@@ -158,15 +158,16 @@ def _combine_kernel(
 
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_length: int | None = None,
-    block: int = BLOCK_N, num_warps: int | None = None, num_stages: int | None = None,
+    block: int = BLOCK_N, num_warps: int | None = None, num_stages: int | None = None, split: int = SPLIT,
 ) -> Tensor:
     """Attention of one new position per stream; see the module docstring for shapes.
 
     `max_length` bounds every length (default: the cache length); it fixes the number of
     splits, so a CUDA graph captured once serves any lengths up to it. Packed FP8 caches
-    (uint8 [rows, L, K, D + 16]) are read as kernels/kv_fp8.py lays them out. `block`
-    (positions per inner step, a power of two dividing SPLIT), `num_warps` and
-    `num_stages` (None: Triton's defaults) are launch choices for latency_bench.attention_bench."""
+    (uint8 [rows, L, K, D + 16]) are read as kernels/kv_fp8.py lays them out. `split`
+    (positions per program), `block` (positions per inner step, a power of two dividing
+    `split`), `num_warps` and `num_stages` (None: Triton's defaults) are launch choices
+    for latency_bench.attention_bench."""
     b, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
     fp8 = is_packed(k_cache)
@@ -185,8 +186,8 @@ def decode_attention(
         raise ValueError("slots and lengths must be int64 [batch]")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the head dim must be contiguous in q and in the caches")
-    if block < 16 or block & (block - 1) or SPLIT % block:
-        raise ValueError(f"block {block} must be a power of two >= 16 dividing {SPLIT}")
+    if block < 16 or block & (block - 1) or split % block:
+        raise ValueError(f"block {block} must be a power of two >= 16 dividing the split ({split})")
     launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     if fp8:
         k_arg, k_scales, _ = kv_views(k_cache)
@@ -196,7 +197,7 @@ def decode_attention(
     else:
         k_arg, v_arg = k_cache, v_cache
         k_scales, v_scales = k_cache, v_cache  # unread
-    splits = triton.cdiv(max_length or cache_len, SPLIT)
+    splits = triton.cdiv(max_length or cache_len, split)
     part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
     _decode_attention_split_kernel[(b, kv_heads, splits)](
@@ -207,7 +208,7 @@ def decode_attention(
         part.stride(0), part.stride(1), part.stride(2),
         lse.stride(0), lse.stride(1),
         d ** -0.5,
-        GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=SPLIT, BLOCK=block,
+        GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=split, BLOCK=block,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
         DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, **launch,
     )

@@ -1,5 +1,6 @@
 """`python -m latency_bench.attention_bench`: the decode-attention kernel alone, bf16 KV
-cache against the FP8 one (kernels/kv_fp8.py), over its launch choices.
+cache against the FP8 one (kernels/kv_fp8.py), over its launch choices (positions per
+program, per inner step, warps, stages).
 
 The FP8 cache reads 0.56x the bytes, yet on an H200 the batch-64 step with it was slower
 (kernels/FP8_NOTES.md): the bf16 kernel streams its KV at about the card's copy rate and
@@ -43,6 +44,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=1000)
+    p.add_argument("--splits", default="256,512", help="positions per program")
     p.add_argument("--blocks", default="32,64,128")
     p.add_argument("--warps", default="2,4,8")
     p.add_argument("--stages", default="1,2,3,4")
@@ -57,6 +59,7 @@ def main(argv=None) -> int:
 
     heads, kv_heads, head_dim = (8, 2, 16) if a.smoke else (32, 8, 128)
     batch, context = (2, 40) if a.smoke else (a.batch, a.context)
+    splits = [64] if a.smoke else [int(x) for x in a.splits.split(",")]
     blocks = [32] if a.smoke else [int(x) for x in a.blocks.split(",")]
     warps = [4] if a.smoke else [int(x) for x in a.warps.split(",")]
     stages = [2] if a.smoke else [int(x) for x in a.stages.split(",")]
@@ -72,17 +75,20 @@ def main(argv=None) -> int:
         copies = 2 if a.smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
         caches = [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
         ref = decode_attention_reference(q.float(), *(c for c in one), slots, lengths) if a.smoke else None
-        for block, w, st in itertools.product(blocks, warps, stages):
-            def call(kc, vc, block=block, w=w, st=st):
+        for split, block, w, st in itertools.product(splits, blocks, warps, stages):
+            if split % block:
+                continue
+
+            def call(kc, vc, split=split, block=block, w=w, st=st):
                 return decode_attention(q, kc, vc, slots, lengths, max_length=context, block=block,
-                                        num_warps=w, num_stages=st)
+                                        num_warps=w, num_stages=st, split=split)
             if ref is not None:  # the smoke run checks what it times
                 err = ((call(*one).float() - ref).norm() / ref.norm()).item()
                 assert err < 0.05, err
             us = timer.us_per_call([lambda c=c: call(*c) for c in caches])
-            rows.append({"fp8": fp8, "block": block, "num_warps": w, "num_stages": st, "us": us,
+            rows.append({"fp8": fp8, "split": split, "block": block, "num_warps": w, "num_stages": st, "us": us,
                          "bytes": nbytes, "tb_per_s": nbytes / us / 1e6 if us == us else float("nan")})
-            print(f"{'fp8 ' if fp8 else 'bf16'} block {block:>3} warps {w} stages {st}: {us:8.1f} us "
+            print(f"{'fp8 ' if fp8 else 'bf16'} split {split} block {block:>3} warps {w} stages {st}: {us:8.1f} us "
                   f"{rows[-1]['tb_per_s']:5.2f} TB/s", flush=True)
         del caches, one
     best = {fp8: min((r for r in rows if r["fp8"] == fp8 and r["us"] == r["us"]), key=lambda r: r["us"])

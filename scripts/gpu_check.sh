@@ -12,7 +12,8 @@
 #   bash scripts/gpu_check.sh kvfp8    # FP8 KV cache: tests, engine FP8 weights with bf16 vs FP8 KV at contexts 400/1000, FP8 load sweep (~9 min)
 #   bash scripts/gpu_check.sh fp8load  # FP8 load sweep c=1,16,32,64 and its gate against load-fp8.json (~3 min)
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
-#   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~2 min)
+#   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
+#   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
@@ -186,9 +187,17 @@ fp8load)
     python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/load-fp8.json --current "$out/load-fp8.json"
     ;;
 attention)
-    # the decode-attention kernel alone, bf16 against FP8 KV cache, over block / warps / stages (~1-2 min)
-    timeout 300 python3 -m latency_bench.attention_bench --batch 64 --context 1000 --out "$out/attention_bench" 2>&1 \
-        | tee "$out/attention_bench.log" | tail -40
+    # the decode-attention kernel alone, bf16 against FP8 KV cache, over split / block / warps / stages (~3 min)
+    timeout 300 python3 -m latency_bench.attention_bench --batch 64 --context 1000 --stages 1,2,3 \
+        --out "$out/attention_bench" 2>&1 | tee "$out/attention_bench.log" | sort -t: -k2 -n | head -12
+    tail -1 "$out/attention_bench.log"
+    ;;
+fp8check)
+    # the next FP8 questions in one call: the attention sweep above, then the kernel table
+    # (GEMMs vs _scaled_mm, the MLP at M = 1) on the adopted launch table (~6 min)
+    bash "$0" attention
+    timeout 200 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | grep -v "^  (skipped" \
+        | tee "$out/kernel_bench.log" | tail -30
     ;;
 fp8e2e)
     # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table

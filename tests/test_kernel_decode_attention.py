@@ -111,9 +111,9 @@ def test_launch_choices_give_the_same_attention():
     kernel runs, not what it computes."""
     q, kc, vc, slots, lens = case(3, 8, 2, 16, rows=5, cache_len=300, lengths=[1, 130, 300], dtype=torch.float32)
     base = decode_attention(q, kc, vc, slots, lens)
-    for block in (16, 32, 128):
-        torch.testing.assert_close(decode_attention(q, kc, vc, slots, lens, block=block, num_warps=2, num_stages=1),
-                                   base, rtol=1e-5, atol=1e-6)
+    for split, block in ((256, 16), (256, 128), (64, 32), (512, 64)):
+        torch.testing.assert_close(decode_attention(q, kc, vc, slots, lens, block=block, num_warps=2, num_stages=1,
+                                                    split=split), base, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="block"):
         decode_attention(q, kc, vc, slots, lens, block=48)
 
