@@ -18,7 +18,7 @@ for arm in A B; do
     config=()
     if [ $arm = B ]; then config=(--codec-config scripts/voice/codec-wide.json); fi
     python3 -m engine.train.codec_train train --data "$AUDIO" --out $W --minutes "$MINUTES" --save-minutes 100 \
-        --workers 16 --no-moments --half-state "${config[@]}" ${CODEC_ARGS:-} 2>&1 \
+        --workers 16 --no-moments --half-state ${config[@]+"${config[@]}"} ${CODEC_ARGS:-} 2>&1 \
         | awk '/"step"/ && (++n % 20 != 1) {next} {print}'
     cp $W/log.jsonl "$OUT/codec_log-$arm.jsonl"
 done
