@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from engine.config import ModelConfig
-from kernels.kv_fp8 import head_dim_of, is_packed, packed_dim
+from kernels.kv_fp8 import is_packed, packed_dim
 
 KV_QUANTS = ("none", "fp8")
 
@@ -69,10 +69,6 @@ class KVCache:
     @property
     def quant(self) -> str:
         return "fp8" if is_packed(self.k) else "none"
-
-    @property
-    def head_dim(self) -> int:
-        return head_dim_of(self.k)
 
     @property
     def scratch_row(self) -> int:

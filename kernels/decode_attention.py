@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.kv_fp8 import SCALE_BYTES, head_dim_of, is_packed, kv_views, load_form
+from kernels.kv_fp8 import head_dim_of, kernel_args, load_form
 
 # Positions per split and per inner block. 256-position splits keep the grid large enough
 # to fill 132 SMs at batch 1 with 8 KV heads and a ~1-2k context (8 x 4-8 programs per
@@ -170,9 +170,7 @@ def decode_attention(
     for latency_bench.attention_bench."""
     b, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
-    fp8 = is_packed(k_cache)
-    if is_packed(v_cache) != fp8:
-        raise ValueError(f"k and v caches must share a layout, got {k_cache.dtype} / {v_cache.dtype}")
+    fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
     if not fp8 and (k_cache.dtype != q.dtype or v_cache.dtype != q.dtype):
         raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype} / {v_cache.dtype}) must share a dtype")
     if k_cache.shape != v_cache.shape or head_dim_of(k_cache) != d:
@@ -189,14 +187,6 @@ def decode_attention(
     if block < 16 or block & (block - 1) or split % block:
         raise ValueError(f"block {block} must be a power of two >= 16 dividing the split ({split})")
     launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
-    if fp8:
-        k_arg, k_scales, _ = kv_views(k_cache)
-        v_arg, v_scales, _ = kv_views(v_cache)
-        if any(st % SCALE_BYTES for st in (*k_cache.stride()[:3], *v_cache.stride()[:3])):
-            raise ValueError("packed FP8 caches need strides that are multiples of 4 bytes (the fp32 scales)")
-    else:
-        k_arg, v_arg = k_cache, v_cache
-        k_scales, v_scales = k_cache, v_cache  # unread
     splits = triton.cdiv(max_length or cache_len, split)
     part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)

@@ -53,11 +53,28 @@ def head_dim_of(cache: Tensor) -> int:
 
 def kv_views(cache: Tensor) -> tuple[Tensor, Tensor, int]:
     """A packed cache [.., Dh + 16] -> (codes: float8_e4m3fn [.., Dh + 16], scales: float32
-    [.., (Dh + 16) / 4], the scale's index Dh / 4 in the last dim of `scales`)."""
+    [.., (Dh + 16) / 4], the scale's index Dh / 4 in the last dim of `scales`). The fp32
+    view needs every stride a multiple of 4 bytes; checked here, where it is made."""
     if not is_packed(cache) or cache.stride(-1) != 1:
         raise ValueError(f"not a packed FP8 KV cache: {cache.dtype} strides {cache.stride()}")
+    if any(st % SCALE_BYTES for st in cache.stride()[:-1]):
+        raise ValueError(f"packed FP8 caches need strides that are multiples of 4 bytes (the fp32 scales), "
+                         f"got {cache.stride()}")
     dh = head_dim_of(cache)
     return cache.view(FP8), cache.view(torch.float32), dh // SCALE_BYTES
+
+
+def kernel_args(k_cache: Tensor, v_cache: Tensor) -> tuple[bool, Tensor, Tensor, Tensor, Tensor]:
+    """A k/v cache pair as the Triton kernels take it, in either layout: (packed, k, v,
+    k_scales, v_scales). Packed: the e4m3 views to read or write codes through and the
+    fp32 views for the scales. Else the caches themselves, and again in the scales' place
+    (the kernels read no scales then)."""
+    if is_packed(k_cache) != is_packed(v_cache):
+        raise ValueError(f"k and v caches must share a layout, got {k_cache.dtype} / {v_cache.dtype}")
+    if not is_packed(k_cache):
+        return False, k_cache, v_cache, k_cache, v_cache
+    (k_codes, k_scales, _), (v_codes, v_scales, _) = kv_views(k_cache), kv_views(v_cache)
+    return True, k_codes, v_codes, k_scales, v_scales
 
 
 def pack_kv(x: Tensor) -> Tensor:

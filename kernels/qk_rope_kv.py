@@ -31,7 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
-from kernels.kv_fp8 import SCALE_BYTES, TAIL_BYTES, head_dim_of, is_packed, kv_views, store_form, unpack_kv
+from kernels.kv_fp8 import TAIL_BYTES, head_dim_of, kernel_args, store_form, unpack_kv
 
 
 @triton.jit
@@ -113,8 +113,7 @@ def _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n
     b = qkv.shape[0]
     rows, length, kv, _ = k_cache.shape
     dh = head_dim_of(k_cache)
-    if is_packed(k_cache) != is_packed(v_cache):
-        raise ValueError(f"k and v caches must share a layout, got {k_cache.dtype} / {v_cache.dtype}")
+    packed = kernel_args(k_cache, v_cache)[0]  # (the layouts checked)
     if qkv.ndim != 2 or qkv.shape[1] != (n_head + 2 * kv) * dh or qkv.stride(1) != 1:
         raise ValueError(f"qkv must be [B, (H + 2K) * Dh] = [{b}, {(n_head + 2 * kv) * dh}] with unit inner stride, "
                          f"got {list(qkv.shape)} strides {qkv.stride()}")
@@ -130,12 +129,9 @@ def _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n
             raise ValueError(f"without slots, rows 0..B-1 are written at one int position in [0, {length})")
     elif slots.shape != (b,) or positions.shape != (b,) or slots.dtype != torch.int64 or positions.dtype != torch.int64:
         raise ValueError("slots and positions must be int64 [batch]")
-    if is_packed(k_cache):
-        if slots is None:
-            raise ValueError("packed FP8 caches are the slow transformer's (written per row, with slots)")
-        if any(st % SCALE_BYTES for st in (*k_cache.stride()[:3], *v_cache.stride()[:3])):
-            raise ValueError("packed FP8 caches need strides that are multiples of 4 bytes (the fp32 scales)")
-    elif qkv.dtype != k_cache.dtype:
+    if packed and slots is None:
+        raise ValueError("packed FP8 caches are the slow transformer's (written per row, with slots)")
+    if not packed and qkv.dtype != k_cache.dtype:
         raise ValueError(f"qkv ({qkv.dtype}) and the caches ({k_cache.dtype}) must share a dtype")
     if (q_scale is None) != (k_scale is None) or (q_scale is not None and (q_scale.shape != (dh,) or k_scale.shape != (dh,))):
         raise ValueError(f"q_scale and k_scale must both be [{dh}], or both None")
@@ -152,12 +148,7 @@ def qk_rope_kv(
     b, kv, dh = _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head)
     q = torch.empty(b, n_head, dh, device=qkv.device, dtype=qkv.dtype)
     per_row = slots is not None
-    fp8 = is_packed(k_cache)
-    if fp8:  # e4m3 views to write codes through, fp32 views to write scales through
-        k_arg, k_scales, _ = kv_views(k_cache)
-        v_arg, v_scales, _ = kv_views(v_cache)
-    else:
-        k_arg, v_arg, k_scales, v_scales = k_cache, v_cache, k_cache, v_cache  # (scales unread)
+    fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
     _qk_rope_kv_kernel[(b, n_head + 2 * kv)](
         qkv, q_scale if q_scale is not None else qkv, k_scale if k_scale is not None else qkv,  # unread without QK-norm
         cos_sin, slots if per_row else qkv, positions if per_row else qkv, q, k_arg, v_arg, k_scales, v_scales,

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from engine.bundle import load_bundle
+from engine.kv_cache import KV_QUANTS
 from engine.runner import Runner
 from engine.sampling import SamplingParams
 from latency_bench.jsonfile import write_json
@@ -128,8 +129,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     batches = [int(x) for x in a.batch.split(",")]
     kv_quants = a.kv_quant.split(",")
-    if any(q not in ("none", "fp8") for q in kv_quants):
-        p.error(f"--kv-quant takes none and fp8, got {a.kv_quant}")
+    if any(q not in KV_QUANTS for q in kv_quants):
+        p.error(f"--kv-quant takes {', '.join(KV_QUANTS)}, got {a.kv_quant}")
     bundle = load_bundle(a.model, a.device, quant=a.quant)
     device = bundle.device
     modes = ["eager"]

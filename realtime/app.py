@@ -55,12 +55,17 @@ def error_response(code: P.ErrorCode, message: str, metrics: Metrics | None = No
     return JSONResponse({"error": code.value, "message": message}, status_code=HTTP_STATUS[code])
 
 
-async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
-    """Refuse a WebSocket handshake with an HTTP status and a JSON body saying why (the
+def unauthorized_response() -> JSONResponse:
+    """A missing or wrong API key, on HTTP and on a refused WebSocket handshake alike."""
+    return JSONResponse({"error": "unauthorized", "message": "missing or wrong API key"}, status_code=401)
+
+
+async def _deny(ws: WebSocket, response: Response) -> None:
+    """Refuse a WebSocket handshake with this HTTP response (a JSON body saying why; the
     ASGI denial-response extension, which uvicorn has); without it, the plain close before
     accept, which clients see as 403."""
     try:
-        await ws.send_denial_response(JSONResponse({"error": code, "message": message}, status_code=status))
+        await ws.send_denial_response(response)
     except RuntimeError:  # the server lacks the extension
         await ws.close(code=1008)
 
@@ -85,19 +90,20 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     async def live(ws: WebSocket) -> None:
         if not authorized(config, ws.headers, ws.query_params):
             svc.metrics.errors["unauthorized"] += 1
-            await _deny(ws, 401, "unauthorized", "missing or wrong API key")
+            await _deny(ws, unauthorized_response())
             return
         await ws.accept()
         await LiveSession(ws, svc).run()
 
     async def unknown_ws(ws: WebSocket) -> None:
         path = ws.url.path[:200]  # the client's own path, echoed back (bounded)
-        await _deny(ws, 404, "not_found", f"no WebSocket endpoint at {path}; the live TTS endpoint is /v1/tts/live")
+        await _deny(ws, JSONResponse({"error": "not_found", "message": f"no WebSocket endpoint at {path}; the live "
+                                      "TTS endpoint is /v1/tts/live"}, status_code=404))
 
     async def tts(request: Request) -> Response:
         svc.metrics.http_requests += 1
         if not authorized(config, request.headers, request.query_params):
-            return JSONResponse({"error": "unauthorized", "message": "missing or wrong API key"}, status_code=401)
+            return unauthorized_response()
         try:
             data, is_json = await _read_body(request, config.limits)
             req = P.parse_request(data, config.limits, is_json)
@@ -138,12 +144,12 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
 
     async def list_voices(request: Request) -> Response:
         if not authorized(config, request.headers, request.query_params):
-            return JSONResponse({"error": "unauthorized", "message": "missing or wrong API key"}, status_code=401)
+            return unauthorized_response()
         return JSONResponse({"voices": svc.voices.list()})
 
     async def create_voice(request: Request) -> Response:
         if not authorized(config, request.headers, request.query_params):
-            return JSONResponse({"error": "unauthorized", "message": "missing or wrong API key"}, status_code=401)
+            return unauthorized_response()
         try:
             data, json_body = await _read_body(request, config.limits)
             if not isinstance(data, dict):
@@ -170,7 +176,7 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
 
     async def voice(request: Request) -> Response:
         if not authorized(config, request.headers, request.query_params):
-            return JSONResponse({"error": "unauthorized", "message": "missing or wrong API key"}, status_code=401)
+            return unauthorized_response()
         voice_id = request.path_params["voice_id"]
         if request.method == "DELETE":
             return Response(status_code=204) if svc.voices.delete(voice_id) else error_response(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.engine import EngineConfig
+from engine.kv_cache import KV_QUANTS
 from realtime.protocol import Limits
 
 
@@ -44,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--model", default="default", help="default | tiny | s1-mini | s2-pro | checkpoint folder")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: cuda if present)")
     p.add_argument("--quant", default="none", choices=["none", "fp8"], help="weight quantization of the transformers")
-    p.add_argument("--kv-quant", default="none", choices=["none", "fp8"],
+    p.add_argument("--kv-quant", default="none", choices=KV_QUANTS,
                    help="KV cache storage (fp8: e4m3 with a scale per position and head, half the memory)")
     p.add_argument("--max-running", type=int, default=8, help="streams holding a KV slot at once")
     p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")

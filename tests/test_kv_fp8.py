@@ -50,7 +50,7 @@ def test_fp8_cache_allocation_and_size():
     plain = KVCache.allocate(config, 3, 64, "cpu", torch.bfloat16)
     fp8 = KVCache.allocate(config, 3, 64, "cpu", torch.bfloat16, quant="fp8")
     assert fp8.k.dtype == torch.uint8 and fp8.k.shape[:-1] == plain.k.shape[:-1]
-    assert fp8.quant == "fp8" and plain.quant == "none" and fp8.head_dim == plain.head_dim == config.head_dim
+    assert fp8.quant == "fp8" and plain.quant == "none" and head_dim_of(fp8.k) == head_dim_of(plain.k) == config.head_dim
     assert fp8.scratch_row == plain.scratch_row and fp8.max_len == plain.max_len
     per_stream = KVCache.bytes_per_stream(config, 64, torch.bfloat16, "fp8")
     assert per_stream == 2 * config.n_layer * config.n_local_heads * (config.head_dim + 16) * 64

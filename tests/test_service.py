@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import time
 
 import av
@@ -137,15 +136,22 @@ def test_ready_turns_and_extensions(srv):
     assert abs(len(audio_of(events)) / 2 - 2 * FRAMES * HOP * 16000 / RATE) < 200
 
 
-def test_eight_concurrent_connections_all_get_audio(srv):
-    async def one(i):
-        return await session(srv.ws_url, {"format": "pcm", "max_new_tokens": FRAMES, "seed": i},
-                             {"event": "text", "text": f"Connection number {i} says hello."}, {"event": "stop"})
+def speak_pcm(url, seed, text):
+    """One PCM session of FRAMES frames with this seed, saying `text` (a coroutine)."""
+    return session(url, {"format": "pcm", "max_new_tokens": FRAMES, "seed": seed},
+                   {"event": "text", "text": text}, {"event": "stop"})
 
+
+def speak_all(url, seeds, text_of):
+    """Sessions for every seed at once (text_of(seed) -> its text); their events, in order."""
     async def main():
-        return await asyncio.gather(*(one(i) for i in range(8)))
+        return await asyncio.gather(*(speak_pcm(url, s, text_of(s)) for s in seeds))
 
-    results = run(main())
+    return run(main())
+
+
+def test_eight_concurrent_connections_all_get_audio(srv):
+    results = speak_all(srv.ws_url, range(8), lambda i: f"Connection number {i} says hello.")
     for events in results:
         assert events[-1] == {"event": "finish", "reason": "stop"}
         assert len(audio_of(events)) == 2 * FRAMES * HOP
@@ -158,15 +164,8 @@ def test_fp8_kv_cache_serves_concurrent_connections(tmp_path):
     full-length PCM, each its own, and a seed repeated alone gives the same audio."""
     engine = EngineConfig(max_running=4, max_queued=0, max_len=1024, kv_quant="fp8")
     with running_server(tmp_path, engine=engine, ignore_end=True) as fp8:
-        async def one(seed):
-            return await session(fp8.ws_url, {"format": "pcm", "max_new_tokens": FRAMES, "seed": seed},
-                                 {"event": "text", "text": f"Stream {seed} on an FP8 cache."}, {"event": "stop"})
-
-        async def crowd():
-            return await asyncio.gather(*(one(s) for s in range(4)))
-
-        results = run(crowd())
-        again = run(one(0))
+        results = speak_all(fp8.ws_url, range(4), lambda s: f"Stream {s} on an FP8 cache.")
+        again = run(speak_pcm(fp8.ws_url, 0, "Stream 0 on an FP8 cache."))
     for events in results:
         assert events[-1] == {"event": "finish", "reason": "stop"}
         assert len(audio_of(events)) == 2 * FRAMES * HOP
