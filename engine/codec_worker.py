@@ -4,7 +4,7 @@ stream's audio and segment ends reach its sink in order.
 
 Every decode call has a shape from a small fixed set: the batch is padded to a bucket
 (padding rows use a scratch slot) and each stream's pending frames go out in chunks of
-4, 2 or 1. cuDNN builds an execution plan the first time it sees a convolution shape,
+4, 2 or 1 (up to `max_chunk`: 8 or 16 make more of the same). cuDNN builds an execution plan the first time it sees a convolution shape,
 which was measured on an H200 at 100-1,500 ms per new shape for the release-size codec;
 with a fixed set, `warm_up()` builds them all before serving.
 
@@ -83,14 +83,26 @@ class _Graph:
 
 
 _STOP = object()
-CHUNKS = (4, 2, 1)  # frames per stream per decode call
+CHUNKS = (4, 2, 1)  # frames per stream per decode call, by default
+CHUNK_CHOICES = (1, 2, 4, 8, 16)  # the largest chunk a worker may be given
+
+
+def chunk_sizes(max_chunk: int) -> tuple[int, ...]:
+    """The chunk sizes a worker uses, largest first: the powers of two up to max_chunk.
+    Each (batch bucket, chunk) pair is one cuDNN plan and one CUDA graph, so the set is
+    small; larger chunks decode a frame with less fixed cost per call (the codec's
+    per-call overhead is ~half its GPU time at one frame a row)."""
+    if max_chunk not in CHUNK_CHOICES:
+        raise ValueError(f"the largest codec chunk must be one of {CHUNK_CHOICES}, got {max_chunk}")
+    return tuple(c for c in reversed(CHUNK_CHOICES) if c <= max_chunk)
 
 
 class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
-        snake_kernel: bool | None = None,
+        snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0],
     ) -> None:
+        self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel)
         # None: never hold frames back (every frame decoded as soon as it arrives)
         self.hold_lead_s = hold_lead_s
@@ -111,7 +123,7 @@ class CodecWorker:
             raise ValueError("CUDA graphs need a CUDA device")
         self._graphs: dict[tuple[int, int], _Graph] = {}  # (batch bucket, frames) -> graph
         if self.stream is not None:  # pinned staging: the host side of every call's copies
-            most = self.buckets[-1] * max(CHUNKS)
+            most = self.buckets[-1] * self.chunks[0]
             self._codes_host = torch.zeros(most * self.num_codebooks + self.buckets[-1], dtype=torch.long, pin_memory=True)
             self._audio_host = torch.zeros(most * self.decoder.hop_length, dtype=torch.float32, pin_memory=True)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -184,7 +196,7 @@ class CodecWorker:
     def _due(self, slot: int, frames: list[_Frame], now: float) -> bool:
         """Frames go out now unless the stream is ahead of real time by more than
         hold_lead_s and has fewer than a full chunk waiting."""
-        if self.hold_lead_s is None or len(frames) >= CHUNKS[0]:
+        if self.hold_lead_s is None or len(frames) >= self.chunks[0]:
             return True
         lead = self._leads.get(slot)
         return lead is None or lead.turn != frames[0].turn or lead.lead_s(now, self.frame_s) <= self.hold_lead_s
@@ -223,7 +235,7 @@ class CodecWorker:
         for slot in slots:
             frames = self._held.pop(slot, [])
             if one_chunk and frames:
-                n = next(c for c in CHUNKS if c <= len(frames))
+                n = next(c for c in self.chunks if c <= len(frames))
                 if frames[n:]:
                     self._held[slot] = frames[n:]
                 frames = frames[:n]
@@ -254,7 +266,7 @@ class CodecWorker:
             torch.backends.cudnn.benchmark = benchmark
 
     def _warm_up(self) -> None:
-        for n in CHUNKS:
+        for n in self.chunks:
             for b in self.buckets:
                 self._eager([self.scratch] * b, np.zeros((b, self.num_codebooks, n), dtype=np.int64))
         if self.cuda_graphs:
@@ -267,7 +279,7 @@ class CodecWorker:
         # largest first: the shared memory pool is sized by the first capture; the graphs
         # run one at a time on this worker's stream, so they may share it
         pool = torch.cuda.graph_pool_handle()
-        shapes = sorted(((b, n) for b in self.buckets for n in CHUNKS), key=lambda s: -s[0] * s[1])
+        shapes = sorted(((b, n) for b in self.buckets for n in self.chunks), key=lambda s: -s[0] * s[1])
         for b, n in shapes:
             slots = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
             codes = torch.zeros(b, self.num_codebooks, n, dtype=torch.long, device=self.device)
@@ -308,7 +320,7 @@ class CodecWorker:
         while pending:  # each round takes the next chunk of every stream, in order
             groups: dict[int, list[int]] = {}
             for slot, frames in pending.items():
-                groups.setdefault(next(c for c in CHUNKS if c <= len(frames)), []).append(slot)
+                groups.setdefault(next(c for c in self.chunks if c <= len(frames)), []).append(slot)
             # smallest chunks first: single frames are mostly a turn's first audio (someone
             # waits for it), chunks of four belong to streams well ahead of real time
             for n, slots in sorted(groups.items()):

@@ -26,7 +26,7 @@ import torch
 
 from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
-from engine.codec_worker import CodecWorker
+from engine.codec_worker import CHUNKS, CodecWorker, chunk_sizes
 from engine.kv_cache import KV_QUANTS
 from engine.prompt import Reference, Voice
 from engine.runner import MAX_PREFILL_BATCH, Runner
@@ -64,10 +64,16 @@ class EngineConfig:
     # stream's audio leads its real-time playback by more than this (None: never hold;
     # engine/codec_worker.py)
     codec_hold_lead_s: float | None = 0.3
+    # the most frames of one stream in one codec call (1, 2, 4, 8 or 16); held frames go
+    # out in chunks up to this size (engine/codec_worker.py)
+    codec_max_chunk: int = CHUNKS[0]
 
     def __post_init__(self) -> None:
         if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
             raise ValueError("max_running >= 1, max_queued >= 0 and max_len >= 64 are required")
+        if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
+            raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
+        chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
         if self.kv_quant not in KV_QUANTS:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
 
@@ -143,7 +149,8 @@ class Engine:
         self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
                              kv_quant=c.kv_quant)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
-        self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s)
+        self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
+                                 max_chunk=c.codec_max_chunk)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

@@ -36,6 +36,9 @@ def aggregate(concurrency: int, results: list[ConnectionResult], wall_s: float, 
         "open_to_ready_uncached_s": summary(ready_uncached),
         "underruns": sum(u.count for u in under),
         "underrun_ms": 1000 * sum(u.total_s for u in under),
+        # those that began within the turn's first 0.5 s of audio (its start), and where all began
+        "underruns_first_half_s": sum(a < 0.5 for u in under for a in u.at_audio_s),
+        "underrun_at_audio_s": summary([a for u in under for a in u.at_audio_s]),
         "chunk_gap_s": summary(gaps),
         "stream_frames_per_s": summary(rates),
         "frames_per_s": audio_s / hop_s / span if span > 0 else math.nan,
@@ -51,16 +54,17 @@ def _ms(x: float) -> str:
 
 def table(levels: list[dict], title: str) -> str:
     head = (f"{'c':>4} {'TTFA p50':>9} {'p90':>6} {'p99':>6} {'max':>6} {'ready p50':>10} {'p99':>6} "
-            f"{'underruns':>9} {'ms':>7} {'frames/s':>9} {'per stream':>10} {'audio s/s':>9} {'errors':>6}")
+            f"{'underruns':>9} {'ms':>7} {'at start':>8} {'frames/s':>9} {'per stream':>10} {'audio s/s':>9} {'errors':>6}")
     lines = [title, head]
     for lv in levels:
         t, r = lv["ttfa_s"], lv["open_to_ready_s"]
         lines.append(
             f"{lv['concurrency']:>4} {_ms(t['p50']):>9} {_ms(t['p90']):>6} {_ms(t['p99']):>6} {_ms(t['max']):>6} "
             f"{_ms(r['p50']):>10} {_ms(r['p99']):>6} {lv['underruns']:>9} {lv['underrun_ms']:>7.0f} "
-            f"{lv['frames_per_s']:>9.1f} {lv['stream_frames_per_s']['p50']:>10.1f} {lv['audio_s_per_s']:>9.2f} {lv['errors']:>6}"
+            f"{lv.get('underruns_first_half_s', '-'):>8} {lv['frames_per_s']:>9.1f} {lv['stream_frames_per_s']['p50']:>10.1f} {lv['audio_s_per_s']:>9.2f} {lv['errors']:>6}"
         )
-    lines.append("(times in ms; frames/s over all streams; per stream = median decode rate of a turn)")
+    lines.append("(times in ms; at start = underruns in a turn's first 0.5 s of audio; frames/s over all streams;"
+                 " per stream = median decode rate of a turn)")
     return "\n".join(lines)
 
 

@@ -43,6 +43,9 @@ def summary(values: list[float]) -> dict[str, float]:
 class Underruns:
     count: int = 0
     total_s: float = 0.0
+    # where each one began, in seconds of the turn's audio played before it (0.046: the
+    # first frame ran out before the second arrived): tells turn starts from later stalls
+    at_audio_s: list[float] = field(default_factory=list)
 
 
 def underruns(chunks: list[tuple[float, float]]) -> Underruns:
@@ -52,16 +55,20 @@ def underruns(chunks: list[tuple[float, float]]) -> Underruns:
     previous one has finished, or when it arrives if that is later (an underrun)."""
     result = Underruns()
     play_end = None
+    played = 0.0  # audio seconds of the chunks before this one
     for arrival, duration in chunks:
         if play_end is None:
             play_end = arrival + duration
+            played = duration
             continue
         if arrival > play_end + 1e-9:
             result.count += 1
             result.total_s += arrival - play_end
+            result.at_audio_s.append(played)
             play_end = arrival + duration
         else:
             play_end += duration
+        played += duration
     return result
 
 

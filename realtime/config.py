@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.codec_worker import CHUNK_CHOICES, CHUNKS
 from engine.engine import EngineConfig
 from engine.kv_cache import KV_QUANTS
 from realtime.protocol import Limits
@@ -48,6 +49,11 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--kv-quant", default="none", choices=KV_QUANTS,
                    help="KV cache storage (fp8: e4m3 with a scale per position and head, half the memory)")
     p.add_argument("--max-running", type=int, default=8, help="streams holding a KV slot at once")
+    p.add_argument("--codec-hold-lead", type=float, default=0.3,
+                   help="seconds of audio a stream may lead its real-time playback by before its frames are "
+                        "held back to be decoded in larger chunks (negative: never hold)")
+    p.add_argument("--codec-max-chunk", type=int, default=CHUNKS[0], choices=CHUNK_CHOICES,
+                   help="most frames of one stream per codec call (larger: less GPU per frame, more held back)")
     p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
     p.add_argument("--max-len", type=int, default=4096, help="KV positions per stream")
     p.add_argument("--voice-cache-mb", type=int, default=1024, help="device memory for cached voice prefixes")
@@ -80,6 +86,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
             max_running=a.max_running, max_queued=a.max_queued, max_len=a.max_len,
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
+            codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
         ),
         limits=Limits(
             max_message_bytes=int(a.max_message_mb * 2**20), max_text_chars=a.max_text_chars,

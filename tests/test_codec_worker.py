@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from engine.bundle import load_bundle
-from engine.codec_worker import CHUNKS, CodecWorker, _End, _Frame
+from engine.codec_worker import CHUNKS, CodecWorker, _End, _Frame, chunk_sizes
+from engine.engine import EngineConfig
 
 
 class Listener:
@@ -33,32 +34,46 @@ def codec():
     return load_bundle("tiny", "cpu", torch.float32).codec
 
 
-def make_worker(codec, hold):
-    worker = CodecWorker(codec, 2, hold_lead_s=hold)
+def make_worker(codec, hold, max_chunk=CHUNKS[0]):
+    worker = CodecWorker(codec, 2, hold_lead_s=hold, max_chunk=max_chunk)
     clock = [1000.0]
     worker.clock = lambda: clock[0]
     return worker, clock
 
 
-def test_frames_are_held_only_while_well_ahead_of_real_time(codec):
-    worker, clock = make_worker(codec, 0.3)
+@pytest.mark.parametrize("max_chunk", [CHUNKS[0], 8])
+def test_frames_are_held_only_while_well_ahead_of_real_time(codec, max_chunk):
+    worker, clock = make_worker(codec, 0.3, max_chunk)
     hop, frame_s = codec.hop_length, worker.frame_s
     listener = Listener()
-    codes = np.random.default_rng(0).integers(0, 64, (60, codec.num_codebooks))
+    total = 15 * max_chunk
+    codes = np.random.default_rng(0).integers(0, 64, (total, codec.num_codebooks))
     start = clock[0]
-    for i in range(60):  # frames arrive at twice real time
+    for i in range(total):  # frames arrive at twice real time
         worker._process([_Frame(listener, 0, 1, codes[i])])
         if i == 0:
             assert listener.chunks == [hop]  # the first frame goes out at once
         heard_s = sum(listener.chunks) / hop * frame_s
         assert heard_s >= clock[0] - start  # a real-time player never runs dry
         clock[0] += frame_s / 2
-    assert len(listener.chunks) < 30  # most frames went out four at a time
-    assert max(listener.chunks) == CHUNKS[0] * hop
-    held = 60 - sum(listener.chunks) // hop
+    assert len(listener.chunks) < total / 2  # most frames went out a full chunk at a time
+    assert max(listener.chunks) == max_chunk * hop
+    assert set(listener.chunks) <= {c * hop for c in worker.chunks}
+    held = total - sum(listener.chunks) // hop
     assert held > 0
     worker._process([_End(listener, 0, 1, "end")])  # the end flushes the held frames first
-    assert sum(listener.chunks) == 60 * hop and listener.ends == ["end"]
+    assert sum(listener.chunks) == total * hop and listener.ends == ["end"]
+
+
+def test_chunk_sizes_are_powers_of_two_up_to_the_largest_offered():
+    assert chunk_sizes(8) == (8, 4, 2, 1) and chunk_sizes(1) == (1,)
+    for bad in (0, 3, 32):
+        with pytest.raises(ValueError, match="largest codec chunk"):
+            chunk_sizes(bad)
+    with pytest.raises(ValueError, match="largest codec chunk"):
+        EngineConfig(codec_max_chunk=6)
+    with pytest.raises(ValueError, match="codec_hold_lead_s"):
+        EngineConfig(codec_hold_lead_s=-1.0)
 
 
 def test_a_held_frame_goes_out_when_the_lead_runs_down(codec):
@@ -116,3 +131,14 @@ def test_a_first_frame_overtakes_another_streams_backlog(codec):
         worker._process([])
     assert sum(a.chunks) == 12 * codec.hop_length and b.chunks == [codec.hop_length]
     assert order == ["a", "b", "a", "a"]
+
+
+def test_service_flags_set_the_codec_policy():
+    from realtime.config import parse_args
+
+    e = parse_args(["--codec-max-chunk", "8", "--codec-hold-lead", "1.5"]).engine
+    assert (e.codec_max_chunk, e.codec_hold_lead_s) == (8, 1.5)
+    assert parse_args(["--codec-hold-lead", "-1"]).engine.codec_hold_lead_s is None  # never hold
+    assert (parse_args([]).engine.codec_max_chunk, parse_args([]).engine.codec_hold_lead_s) == (CHUNKS[0], 0.3)
+    with pytest.raises(SystemExit):
+        parse_args(["--codec-max-chunk", "5"])

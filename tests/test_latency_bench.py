@@ -37,6 +37,8 @@ def test_underruns_count_each_stall_and_its_length():
     chunks = [(0.0, 0.1), (0.3, 0.1), (0.35, 0.1), (0.55, 0.1)]
     u = underruns(chunks)
     assert u.count == 2 and abs(u.total_s - 0.25) < 1e-9
+    # the first ran dry after 0.1 s of audio (the turn's start), the second after 0.3 s
+    assert [round(a, 9) for a in u.at_audio_s] == [0.1, 0.3]
 
 
 def test_playback_resumes_from_the_late_chunk():

@@ -1,25 +1,56 @@
 #!/usr/bin/env bash
-# One GPU call (<= 10 min): the release codec config (A) and a wider one (B,
-# scripts/voice/codec-wide.json: encoder_dim 32, decoder_dim 512, 12.3M parameters
-# against 6.7M) trained from scratch for $MINUTES each on the same data, with the same
-# recipe (phone head included), for their mel curves side by side. No export, no codes:
-# the question is only which one's log-mel L1 falls towards ~0.2 (scripts/voice/README.md,
-# "Where the round trip loses the words"). Returns codec_log-A.jsonl and codec_log-B.jsonl.
+# One GPU call (<= 10 min): codec arms trained from scratch side by side, at the same
+# time on the one GPU, on the same data with the same recipe (phone head included), for
+# their mel curves. No export, no codes: the question is only which arm's log-mel L1 falls
+# towards ~0.2 fastest per step (scripts/voice/README.md, "Where the round trip loses the
+# words"). The arms share the GPU, so compare them at equal steps (each log line has its
+# step), not at equal minutes.
+#   A: the release config (engine.train.presets.VOICE_CODEC), its training defaults
+#   B: scripts/voice/codec-wide.json (encoder_dim 32, decoder_dim 512: 12.3M parameters
+#      against 6.7M), the same training defaults
+#   C: the release config with a higher learning rate and a short warm-up
+# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "A B C"), and each arm's
+# training state (fp16 parameters, no moments) as state-<arm>.tar.part-* pieces of at
+# most 15 MB (the device tool returns 8 files of at most 16 MiB), so the best arm can be
+# resumed in the next call: cat the pieces | tar -x -C .carry/codec-<arm>
+# (gives .carry/codec-<arm>/state, the STATE folder for scripts/voice/gpu_codec.sh).
 # carry: .carry/voice/audio .carry/lib
 set -euo pipefail
-MINUTES=${MINUTES:-3.5}
+MINUTES=${MINUTES:-7}
+# the learning-rate schedule is planned over TOTAL_MINUTES, so the best arm can go on in
+# a second call (gpu_codec.sh with STATE and the same TOTAL_MINUTES) without a re-warm
+# from the top
+ARMS=${ARMS:-A B C}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 AUDIO=${AUDIO:-.carry/voice/audio}
 export PYTHONUNBUFFERED=1 OPUS_LIBRARY=$PWD/.carry/lib/libopus.so.0
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-for arm in A B; do
+arm_args() {
+    case $1 in
+    A) ;;
+    B) echo "--codec-config scripts/voice/codec-wide.json" ;;
+    C) echo "--set lr=1e-3 --set warmup=200" ;;
+    *) echo "unknown arm $1" >&2; exit 2 ;;
+    esac
+}
+n_arms=$(echo $ARMS | wc -w)
+workers=$(( $(nproc) / n_arms ))
+pids=()
+for arm in $ARMS; do
     W=/tmp/voice-codec-$arm
     rm -rf $W && mkdir -p $W
-    config=()
-    if [ $arm = B ]; then config=(--codec-config scripts/voice/codec-wide.json); fi
-    python3 -m engine.train.codec_train train --data "$AUDIO" --out $W --minutes "$MINUTES" --save-minutes 100 \
-        --workers 16 --no-moments --half-state ${config[@]+"${config[@]}"} ${CODEC_ARGS:-} 2>&1 \
-        | awk '/"step"/ && (++n % 20 != 1) {next} {print}'
-    cp $W/log.jsonl "$OUT/codec_log-$arm.jsonl"
+    # shellcheck disable=SC2046
+    python3 -m engine.train.codec_train train --data "$AUDIO" --out $W --minutes "$MINUTES" --total-minutes "${TOTAL_MINUTES:-15}" --save-minutes 100 \
+        --workers $workers --no-moments --half-state $(arm_args $arm) ${CODEC_ARGS:-} > $W/stdout.log 2>&1 &
+    pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait $pid || status=1; done
+for arm in $ARMS; do
+    W=/tmp/voice-codec-$arm
+    cp $W/log.jsonl "$OUT/codec_log-$arm.jsonl" || status=1
+    tar -C $W -cf - state | split -b 15m - "$OUT/state-$arm.tar.part-" || status=1
+    echo "== arm $arm"; awk '/"step"/ && (++n % 20 != 1) {next} {print}' $W/stdout.log | tail -n 30
 done
 ls -la "$OUT"
+exit $status
