@@ -185,6 +185,7 @@ codecpolicy)
     # issue 5's c=64 gap: the codec's share of the GPU. The same load at c=32,64 with the
     # default policy (hold frames back while 0.3 s ahead, chunks up to 4), a 1 s hold, and
     # a 1 s hold with chunks up to 8 (fewer, larger codec calls), one server per variant
+    timeout 120 python3 -m pytest -q tests/test_gpu.py -k "codec_graphs" 2>&1 | tail -3
     for variant in "base:0.3:4" "hold1:1.0:4" "chunk8:1.0:8"; do
         IFS=: read -r name hold chunk <<< "$variant"
         work=/tmp/codecpolicy-$name; rm -rf "$work"; mkdir -p "$work"

@@ -120,10 +120,11 @@ class _Listener:
         self.ended.set()
 
 
-def test_codec_graphs_give_the_eager_audio():
+@pytest.mark.parametrize("max_chunk", [4, 8])
+def test_codec_graphs_give_the_eager_audio(max_chunk):
     """The codec worker's CUDA graphs (one per batch bucket and chunk size) decode the same
     audio as its eager path, stream by stream, with streams of different lengths sharing
-    calls (so chunks of 4, 2 and 1 frames and several buckets are used)."""
+    calls (so chunks of max_chunk, ..., 2 and 1 frames and several buckets are used)."""
     from engine.codec_worker import CodecWorker
 
     codec = load_bundle("tiny", "cuda", torch.float32).codec
@@ -133,12 +134,12 @@ def test_codec_graphs_give_the_eager_audio():
     tf32 = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
-        _codec_graphs_give_the_eager_audio(codec)
+        _codec_graphs_give_the_eager_audio(codec, max_chunk)
     finally:
         torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _codec_graphs_give_the_eager_audio(codec) -> None:
+def _codec_graphs_give_the_eager_audio(codec, max_chunk: int) -> None:
     from engine.codec_worker import CodecWorker
 
     rng = np.random.default_rng(0)
@@ -146,7 +147,7 @@ def _codec_graphs_give_the_eager_audio(codec) -> None:
     frames = {s: rng.integers(0, 64, (n, codec.num_codebooks)) for s, n in lengths.items()}
     heard = []
     for graphs in (False, True):
-        worker = CodecWorker(codec, 4, cuda_graphs=graphs, hold_lead_s=None)
+        worker = CodecWorker(codec, 4, cuda_graphs=graphs, hold_lead_s=None, max_chunk=max_chunk)
         worker.warm_up()
         assert bool(worker._graphs) == graphs
         listeners = {s: _Listener() for s in frames}
