@@ -159,19 +159,34 @@ def test_eight_concurrent_connections_all_get_audio(srv):
     assert len({audio_of(e) for e in results}) == 8
 
 
-def test_fp8_kv_cache_serves_concurrent_connections(tmp_path):
-    """`--kv-quant fp8` through the whole service: four connections at once each get their
-    full-length PCM, each its own, and a seed repeated alone gives the same audio."""
-    engine = EngineConfig(max_running=4, max_queued=0, max_len=1024, kv_quant="fp8")
-    with running_server(tmp_path, engine=engine, ignore_end=True) as fp8:
-        results = speak_all(fp8.ws_url, range(4), lambda s: f"Stream {s} on an FP8 cache.")
-        again = run(speak_pcm(fp8.ws_url, 0, "Stream 0 on an FP8 cache."))
+def assert_four_streams_whole(tmp_path, engine: EngineConfig, text: str) -> None:
+    """A server with this engine config: four connections at once (text.format(seed)) each
+    get their full-length PCM, each its own, and seed 0 alone gives the same audio."""
+    with running_server(tmp_path, engine=engine, ignore_end=True) as served:
+        results = speak_all(served.ws_url, range(4), text.format)
+        again = run(speak_pcm(served.ws_url, 0, text.format(0)))
     for events in results:
         assert events[-1] == {"event": "finish", "reason": "stop"}
         assert len(audio_of(events)) == 2 * FRAMES * HOP
     assert len({audio_of(e) for e in results}) == 4
     diff = np.abs(np.frombuffer(audio_of(again), "<i2").astype(int) - np.frombuffer(audio_of(results[0]), "<i2"))
     assert diff.max() < 300, diff.max()  # the same tokens (the codec's batching may round a few LSB apart)
+
+
+def test_fp8_kv_cache_serves_concurrent_connections(tmp_path):
+    """`--kv-quant fp8` through the whole service: four connections at once each get their
+    full-length PCM, each its own, and a seed repeated alone gives the same audio."""
+    assert_four_streams_whole(tmp_path, EngineConfig(max_running=4, max_queued=0, max_len=1024, kv_quant="fp8"),
+                              "Stream {} on an FP8 cache.")
+
+
+def test_codec_policy_options_keep_every_streams_audio_whole(tmp_path):
+    """Chunks of up to 8 frames, a 1 s hold and urgent-first rounds (the codec options a
+    loaded GPU service runs with) through the whole service: four connections at once each
+    get their full-length PCM, and the same seed alone gives the same audio."""
+    engine = EngineConfig(max_running=4, max_queued=0, max_len=1024, codec_max_chunk=8, codec_hold_lead_s=1.0,
+                          codec_urgent_lead_s=0.15)
+    assert_four_streams_whole(tmp_path, engine, "Stream {} in chunks of eight.")
 
 
 def test_same_seed_gives_the_same_audio_alone_or_in_a_crowd(srv):
