@@ -100,16 +100,12 @@ def chunk_sizes(max_chunk: int) -> tuple[int, ...]:
 class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
-        snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], urgent_lead_s: float | None = None,
+        snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0],
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel)
         # None: never hold frames back (every frame decoded as soon as it arrives)
         self.hold_lead_s = hold_lead_s
-        # streams whose audio leads playback by less than this (and every turn's first
-        # frames) are decoded in rounds of their own, before any other due stream (None:
-        # one round for every due stream)
-        self.urgent_lead_s = urgent_lead_s
         self.frame_s = codec.hop_length / codec.sample_rate  # audio per frame
         self._held: OrderedDict[int, list[_Frame]] = OrderedDict()  # slot -> frames not yet decoded
         self._leads: dict[int, _Lead] = {}  # slot -> its current turn's lead
@@ -205,14 +201,6 @@ class CodecWorker:
         lead = self._leads.get(slot)
         return lead is None or lead.turn != frames[0].turn or lead.lead_s(now, self.frame_s) <= self.hold_lead_s
 
-    def _urgent(self, slot: int, frames: list[_Frame], now: float) -> bool:
-        """A stream whose listener is about to run dry: a turn's first frames (nothing
-        sent yet), or audio sent that leads playback by less than urgent_lead_s."""
-        if self.urgent_lead_s is None:
-            return False
-        lead = self._leads.get(slot)
-        return lead is None or lead.turn != frames[0].turn or lead.lead_s(now, self.frame_s) < self.urgent_lead_s
-
     def _next_deadline(self) -> float | None:
         """Seconds until the first held stream's lead falls to hold_lead_s (None: nothing
         held; 0: some stream's frames are due now, left over from the last round)."""
@@ -238,14 +226,15 @@ class CodecWorker:
         on an H200 at 64 connections, prefill-to-first-audio was 42 ms p50 and 128 ms p90
         when every due frame went out before the queue was looked at again.
 
-        With urgent_lead_s set, a round takes only the urgent streams while there are any
-        (the others stay due, so the worker is back here as soon as it has looked at the
-        queue): measured on an H200 at 64 connections, nearly every underrun was a turn's
-        first frame (46 ms of audio) running out before its second frame, which waited
-        behind a round of chunks for streams seconds ahead of their players."""
+        Tried and dropped (H200, 64 connections, 2026-12-01): rounds of only the streams
+        about to run dry (a turn's first frames, or less than 0.15 s of lead) while any
+        were waiting, the rest after. Nearly every underrun is a turn's first frame running
+        out before its second, so that looked like the fix; instead the worker spent its
+        time on small calls, the others fell behind until they were urgent too, and the
+        service did 1,941 frames/s against 3,465 with TTFA p50 671 ms against 99
+        (latency_bench/reference/h200-s2pro/codec-policy/run2-*.json)."""
         due = [slot for slot, frames in self._held.items() if self._due(slot, frames, now)]
-        urgent = [slot for slot in due if self._urgent(slot, self._held[slot], now)]
-        self._flush(urgent or due, one_chunk=True)
+        self._flush(due, one_chunk=True)
 
     def _flush(self, slots: list[int], one_chunk: bool = False) -> None:
         """Decode every held frame of these streams (one_chunk: only each stream's next

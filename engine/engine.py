@@ -67,17 +67,12 @@ class EngineConfig:
     # the most frames of one stream in one codec call (1, 2, 4, 8 or 16); held frames go
     # out in chunks up to this size (engine/codec_worker.py)
     codec_max_chunk: int = CHUNKS[0]
-    # streams leading playback by less than this, and every turn's first frames, go to the
-    # codec ahead of the others (None: all due streams in one round; engine/codec_worker.py)
-    codec_urgent_lead_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
             raise ValueError("max_running >= 1, max_queued >= 0 and max_len >= 64 are required")
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
             raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
-        if self.codec_urgent_lead_s is not None and not 0 <= self.codec_urgent_lead_s <= 30:
-            raise ValueError(f"codec_urgent_lead_s must be None or in 0..30 s, got {self.codec_urgent_lead_s}")
         chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
         if self.kv_quant not in KV_QUANTS:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
@@ -155,7 +150,7 @@ class Engine:
                              kv_quant=c.kv_quant)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
-                                 max_chunk=c.codec_max_chunk, urgent_lead_s=None if c.naive else c.codec_urgent_lead_s)
+                                 max_chunk=c.codec_max_chunk)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

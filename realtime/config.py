@@ -52,9 +52,6 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-hold-lead", type=float, default=0.3,
                    help="seconds of audio a stream may lead its real-time playback by before its frames are "
                         "held back to be decoded in larger chunks (negative: never hold)")
-    p.add_argument("--codec-urgent-lead", type=float, default=-1.0,
-                   help="streams whose audio leads playback by less than this many seconds, and every turn's "
-                        "first frames, are decoded before the others (negative: off)")
     p.add_argument("--codec-max-chunk", type=int, default=CHUNKS[0], choices=CHUNK_CHOICES,
                    help="most frames of one stream per codec call (larger: less GPU per frame, more held back)")
     p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
@@ -90,7 +87,6 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
-            codec_urgent_lead_s=None if a.codec_urgent_lead < 0 else a.codec_urgent_lead,
         ),
         limits=Limits(
             max_message_bytes=int(a.max_message_mb * 2**20), max_text_chars=a.max_text_chars,

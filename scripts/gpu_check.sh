@@ -10,7 +10,7 @@
 #   bash scripts/gpu_check.sh sweep    # FP8 kernel tests and the GEMM tile sweep (~6 min)
 #   bash scripts/gpu_check.sh adopt    # FP8 GPU tests, tile sweep written into kernels/fp8_configs.py, engine FP8 vs bf16 (~9 min)
 #   bash scripts/gpu_check.sh kvfp8    # FP8 KV cache: tests, engine FP8 weights with bf16 vs FP8 KV at contexts 400/1000, FP8 load sweep (~9 min)
-#   bash scripts/gpu_check.sh codecpolicy  # c=32,64 load (bf16) under codec policies (hold lead, chunk size, urgent-first) (~5 min)
+#   bash scripts/gpu_check.sh codecpolicy  # c=32,64 load (bf16) under codec policies (hold lead, chunk size) (~5 min)
 #   bash scripts/gpu_check.sh fp8load  # FP8 load sweep c=1,16,32,64 and its gate against load-fp8.json (~3 min)
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
@@ -183,16 +183,16 @@ kvfp8-short)
     ;;
 codecpolicy)
     # issue 5's c=64 gap: the codec's share of the GPU and its queue. The same load at
-    # c=32,64 under codec policies name:hold-lead:max-chunk:urgent-lead (urgent < 0: off),
-    # one server each; $VARIANTS overrides the list
+    # c=32,64 under codec policies name:hold-lead:max-chunk, one server each; $VARIANTS
+    # overrides the list
     timeout 120 python3 -m pytest -q tests/test_gpu.py -k "codec_graphs" 2>&1 | tail -3
-    for variant in ${VARIANTS:-base:0.3:4:-1 chunk8:1.0:8:-1 urgent:1.0:8:0.15}; do
-        IFS=: read -r name hold chunk urgent <<< "$variant"
+    for variant in ${VARIANTS:-base:0.3:4 hold1:1.0:4 chunk8:1.0:8}; do
+        IFS=: read -r name hold chunk <<< "$variant"
         work=/tmp/codecpolicy-$name; rm -rf "$work"; mkdir -p "$work"
-        echo "== $name: --codec-hold-lead $hold --codec-max-chunk $chunk --codec-urgent-lead $urgent"
+        echo "== $name: --codec-hold-lead $hold --codec-max-chunk $chunk"
         timeout 170 python3 -m latency_bench "${bench[@]}" --concurrency 32,64 --server-arg=--max-len=1536 \
             --server-arg=--codec-hold-lead=$hold --server-arg=--codec-max-chunk=$chunk \
-            --server-arg=--codec-urgent-lead=$urgent --out "$work/load" 2>&1 | grep -v "active=" | tail -6
+            --out "$work/load" 2>&1 | grep -v "active=" | tail -6
         cp "$work/load/results.json" "$out/load-codec-$name.json"
     done
     ;;

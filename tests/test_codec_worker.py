@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bundle import load_bundle
-from engine.codec_worker import CHUNKS, CodecWorker, _End, _Frame, _Lead, chunk_sizes
+from engine.codec_worker import CHUNKS, CodecWorker, _End, _Frame, chunk_sizes
 from engine.engine import EngineConfig
 
 
@@ -133,45 +133,6 @@ def test_a_first_frame_overtakes_another_streams_backlog(codec):
     assert order == ["a", "b", "a", "a"]
 
 
-def test_urgent_streams_go_before_streams_well_ahead(codec):
-    """With urgent_lead_s, a turn's first frame and then its next ones (while its audio
-    leads playback by less than urgent_lead_s) are decoded in rounds of their own, ahead
-    of a full chunk of a stream seconds ahead of its player; that one goes out once no
-    stream is urgent."""
-    worker = CodecWorker(codec, 2, hold_lead_s=1.0, urgent_lead_s=0.15)
-    clock = [1000.0]
-    worker.clock = lambda: clock[0]
-    order: list[tuple[str, int]] = []
-
-    class Named(Listener):
-        def __init__(self, name: str) -> None:
-            super().__init__()
-            self.name = name
-
-        def audio(self, turn: int, pcm: np.ndarray) -> None:
-            super().audio(turn, pcm)
-            order.append((self.name, len(pcm) // codec.hop_length))
-
-    ahead, new = Named("ahead"), Named("new")
-    worker._leads[0] = _Lead(turn=1, started=clock[0], frames=round(3.0 / worker.frame_s))  # 3 s ahead
-    codes = np.random.default_rng(3).integers(0, 64, (8, codec.num_codebooks))
-    chunk = [_Frame(ahead, 0, 1, c) for c in codes[:CHUNKS[0]]]  # a full chunk: due, not urgent
-    worker._process([chunk, _Frame(new, 1, 1, codes[0])])
-    assert order == [("new", 1)]  # the first frame alone; the full chunk waits
-    assert worker._next_deadline() == 0.0  # ... and is still due
-    worker._process([_Frame(new, 1, 1, codes[1])])  # its second frame: 46 ms of lead, urgent
-    assert order == [("new", 1), ("new", 1)]
-    worker._process([])  # nothing urgent left: the chunk goes out
-    assert order[-1] == ("ahead", CHUNKS[0])
-    # without urgent_lead_s the same queue goes out in one round (smallest chunks first)
-    worker = CodecWorker(codec, 2, hold_lead_s=1.0)
-    worker.clock = lambda: clock[0]
-    worker._leads[0] = _Lead(turn=1, started=clock[0], frames=round(3.0 / worker.frame_s))
-    order.clear()
-    worker._process([chunk, _Frame(new, 1, 1, codes[0])])
-    assert order == [("new", 1), ("ahead", CHUNKS[0])]
-
-
 def test_service_flags_set_the_codec_policy():
     from realtime.config import parse_args
 
@@ -179,6 +140,5 @@ def test_service_flags_set_the_codec_policy():
     assert (e.codec_max_chunk, e.codec_hold_lead_s) == (8, 1.5)
     assert parse_args(["--codec-hold-lead", "-1"]).engine.codec_hold_lead_s is None  # never hold
     assert (parse_args([]).engine.codec_max_chunk, parse_args([]).engine.codec_hold_lead_s) == (CHUNKS[0], 0.3)
-    assert parse_args(["--codec-urgent-lead", "0.15"]).engine.codec_urgent_lead_s == 0.15
     with pytest.raises(SystemExit):
         parse_args(["--codec-max-chunk", "5"])
