@@ -648,3 +648,28 @@ def test_codec_diagnosis_decodes_like_the_codec():
         assert torch.equal(out["full"], codec.decode(codec.encode(x)))
     assert out["unquantized"].shape == out["full"].shape
     assert not torch.allclose(out["codebooks:1"], out["full"], atol=1e-5)
+    # its spectral figures: zero error and full correlation for the signal itself, less for noise
+    from engine.train.codec_losses import ReconstructionLoss
+
+    loss = ReconstructionLoss(CODEC.sample_rate)
+    t = torch.arange(CODEC.sample_rate // 2) / CODEC.sample_rate
+    speechlike = (torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t)))[None] * 0.1
+    same = diagnose.spectral_errors(loss, speechlike, speechlike)
+    assert all(v == 0 for k, v in same.items() if k.startswith("mel_l1_")) and abs(same["band_time_corr"] - 1) < 1e-5
+    other = diagnose.spectral_errors(loss, torch.randn_like(speechlike) * 0.1, speechlike)
+    assert min(v for k, v in other.items() if k.startswith("mel_l1_")) > 0.1 and other["band_time_corr"] < 0.5
+
+
+def test_step_profile_writes_the_profiled_steps_table(tmp_path: Path):
+    """codec_train --profile-steps: the steps in its window run under torch.profiler and
+    their operator table lands in the file; steps outside it are not profiled."""
+    from engine.train.codec_train import StepProfile
+
+    prof = StepProfile(tmp_path / "profile.txt", start=1, count=2, device="cpu")
+    x = torch.randn(64, 64)
+    for step in range(5):
+        prof.at(step)
+        (x @ x).sum()
+    text = (tmp_path / "profile.txt").read_text()
+    assert text.startswith("steps 1..2") and "aten::mm" in text
+    assert prof.prof is None  # closed after its window

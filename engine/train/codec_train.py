@@ -94,11 +94,12 @@ def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tenso
 def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg: CodecTrainConfig,
           config: CodecConfig, device: str, workers: int, max_steps: int | None = None,
           moments: bool = True, log_every: int = 50, total_minutes: float | None = None,
-          overrides: dict | None = None, half_params: bool = False) -> dict:
+          overrides: dict | None = None, half_params: bool = False, profile_steps: int = 0) -> dict:
     """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
     planned over `total_minutes` of training (all calls; default: this call's minutes).
     Resuming, the saved configs apply, with `overrides` (training-config fields the
-    caller set explicitly) on top."""
+    caller set explicitly) on top. `profile_steps` > 0: those steps (after 3 of warm-up)
+    run under torch.profiler, and its table (by device time) goes to out/profile.txt."""
     from engine.train.audio_data import AudioSet, CropSampler, UtteranceSampler
 
     t_start = time.perf_counter()
@@ -147,7 +148,10 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     last_save, t_log, history = time.perf_counter(), time.perf_counter(), []
     logged_step = step  # the step of the last log row (or of the start): steps_per_s over the real count
     trainer.train()
+    profiling = StepProfile(out / "profile.txt", step + 3, profile_steps, device) if profile_steps > 0 else None
     while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
+        if profiling is not None:
+            profiling.at(step)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         x = sampler.batch(cfg.batch)
@@ -180,6 +184,32 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
             last_save = time.perf_counter()
     _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock, half_params)
     return {"step": step, "history": history}
+
+
+class StepProfile:
+    """torch.profiler over steps [start, start + count) of a training loop: where a step's
+    time goes (kernels by device time on a GPU, operators by CPU time otherwise)."""
+
+    def __init__(self, path: Path, start: int, count: int, device: str) -> None:
+        self.path, self.start, self.end, self.cuda = path, start, start + count, device.startswith("cuda")
+        self.prof = None
+
+    def at(self, step: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        if step == self.start:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self.prof = profile(activities=activities)
+            self.prof.__enter__()
+        elif step == self.end and self.prof is not None:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.prof.__exit__(None, None, None)
+            key = "cuda_time_total" if self.cuda else "cpu_time_total"
+            table = self.prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70)
+            self.path.write_text(f"steps {self.start}..{self.end - 1}\n{table}\n")
+            print(table, file=sys.stderr, flush=True)
+            self.prof = None
 
 
 def _save(state_dir: Path, trainer, optimizer, step: int, config: CodecConfig, cfg: CodecTrainConfig,
@@ -267,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a CodecTrainConfig field (batch, segment_seconds, lr, steps, ...)")
     t.add_argument("--no-moments", action="store_true", help="checkpoint parameters only (smaller)")
+    t.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many steps (after 3 of warm-up) into OUT/profile.txt")
     t.add_argument("--half-state", action="store_true",
                    help="checkpoint parameters in fp16 (half the bytes: room for more audio in a resumed call's upload)")
     e = sub.add_parser("export")
@@ -285,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         sets = {k: type(getattr(CodecTrainConfig(), k))(v) for k, v in (s.split("=", 1) for s in args.set)}
         result = train(args.data, args.out, args.minutes, args.save_minutes, CodecTrainConfig(**sets), config,
                        args.device, args.workers, args.max_steps, moments=not args.no_moments,
-                       total_minutes=args.total_minutes, overrides=sets, half_params=args.half_state)
+                       total_minutes=args.total_minutes, overrides=sets, half_params=args.half_state,
+                       profile_steps=args.profile_steps)
         print(json.dumps(result["history"][-1] if result["history"] else {"step": result["step"]}), file=sys.stderr)
     elif args.command == "export":
         codec, step = load_trained(args.out)
