@@ -122,6 +122,38 @@ def load(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer 
     return state
 
 
+def config_sets(cls, items: list[str]) -> dict:
+    """A command line's `--set FIELD=VALUE` items -> {field: value} for the training-config
+    dataclass `cls`, each value of its field's default's type. A boolean takes true/false or
+    1/0 (bool("0") is True, so a plain cast would turn `--set flag=0` on), a tuple a JSON
+    list; an unknown field or a value of the wrong form is an error naming it."""
+    defaults = cls()
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not hasattr(defaults, name):
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD a field of {cls.__name__}")
+        kind = type(getattr(defaults, name))
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--set {item!r}: {name} takes true/false or 1/0")
+            out[name] = text.lower() in ("true", "1")
+        elif kind in (tuple, list):  # JSON: --set guide_layers=[3,4,5]
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--set {item!r}: {name} takes a JSON list") from e
+            if not isinstance(value, list):
+                raise ValueError(f"--set {item!r}: {name} takes a JSON list")
+            out[name] = kind(value)
+        else:
+            try:
+                out[name] = kind(text)
+            except ValueError as e:
+                raise ValueError(f"--set {item!r}: {name} takes a {kind.__name__}") from e
+    return out
+
+
 def resumed_config(cls, saved: dict, overrides: dict | None):
     """A training config from a checkpoint's `saved` fields, with this call's explicit
     overrides (the command line's --set) on top. A resumed run keeps what it was started

@@ -106,10 +106,15 @@ def _quantize(vq: VectorQuantizer, z: Tensor) -> tuple[Tensor, ...]:
 class CodecTrainer(nn.Module):
     """Wraps a `Codec` for training: forward(audio) -> (reconstruction, VQOut)."""
 
-    def __init__(self, codec: Codec, quantizer_dropout: float = 0.5, restart_every: int = 50) -> None:
+    def __init__(self, codec: Codec, quantizer_dropout: float = 0.5, restart_every: int = 50,
+                 bypass_quantizer: bool = False) -> None:
         super().__init__()
         self.codec = codec
         self.quantizer_dropout = quantizer_dropout
+        # an experiment, not a codec: the decoder gets the unquantized latent and the
+        # quantizers' losses do not reach the encoder, so a run measures what the encoder
+        # and decoder can reconstruct at this size with no bits limit
+        self.bypass_quantizer = bypass_quantizer
         self.restart_every = restart_every
         vqs = self.vqs()
         # codes used since the last restart check, per codebook (not part of the codec)
@@ -151,7 +156,9 @@ class CodecTrainer(nn.Module):
         z = self._latent(audio)
         codes, z_sum = [], 0.0
         commitment, codebook, entropy, spread = (z.new_zeros((), dtype=torch.float32) for _ in range(4))
-        residual = z
+        # bypassed: the quantizers still see (and follow) the latent, but none of their
+        # losses reach the encoder
+        residual = z.detach() if self.bypass_quantizer else z
         keep = self._kept_codebooks(audio.shape[0], audio.device)  # [B, n_vq] bool
         for i, vq in enumerate(self.vqs()):
             c, zq, commit, book, ent, spr, latent = _quantize(vq, residual)
@@ -161,6 +168,8 @@ class CodecTrainer(nn.Module):
             residual = residual - zq
             codes.append(c)
             commitment, codebook, entropy, spread = commitment + commit, codebook + book, entropy + ent, spread + spr
+        if self.bypass_quantizer:
+            z_sum = z
         y = self.codec.decoder(q.upsample(q.post_module(z_sum)))[:, 0]
         return y, VQOut(torch.stack(codes, 1), commitment, codebook, entropy, spread)
 

@@ -67,13 +67,16 @@ class CodecTrainConfig:
     phone_weight: float = 2.0
     phone_batch: int = 16
     phone_max_seconds: float = 6.0
+    # experiment: decode from the unquantized latent (CodecTrainer.bypass_quantizer); a
+    # run's mel curve is then the autoencoder's ceiling at this size, its export no codec
+    bypass_quantizer: bool = False
 
 
 def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
     cfg = cfg or CodecTrainConfig()
     torch.manual_seed(cfg.seed)
     codec = init_codec_(Codec(config), cfg.seed)
-    trainer = CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every)
+    trainer = CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every, cfg.bypass_quantizer)
     if cfg.phone_weight > 0:
         trainer.add_phone_head(NUM_CLASSES)
     return trainer.to(device)
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "train":
         config = CodecConfig.from_json(args.codec_config.read_text()) if args.codec_config else VOICE_CODEC
-        sets = {k: type(getattr(CodecTrainConfig(), k))(v) for k, v in (s.split("=", 1) for s in args.set)}
+        sets = checkpoints.config_sets(CodecTrainConfig, args.set)
         result = train(args.data, args.out, args.minutes, args.save_minutes, CodecTrainConfig(**sets), config,
                        args.device, args.workers, args.max_steps, moments=not args.no_moments,
                        total_minutes=args.total_minutes, overrides=sets, half_params=args.half_state,

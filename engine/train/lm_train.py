@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = p.parse_args(argv)
     if args.command == "train":
-        sets = {k: type(getattr(LMTrainConfig(), k))(_parse_value(v)) for k, v in (s.split("=", 1) for s in args.set)}
+        sets = checkpoints.config_sets(LMTrainConfig, args.set)
         cfg = LMTrainConfig(**sets)
         overrides = {k: _parse_value(v) for k, v in (s.split("=", 1) for s in args.model_set)}
         layout = VOICE_LAYOUT

@@ -8,8 +8,13 @@
 #   A: the release config (engine.train.presets.VOICE_CODEC), its training defaults
 #   B: scripts/voice/codec-wide.json (encoder_dim 32, decoder_dim 512: 12.3M parameters
 #      against 6.7M), the same training defaults
-#   C: the release config with a higher learning rate and a short warm-up
-# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "A B C"), and each arm's
+#   C: the release config with a higher learning rate and a short warm-up (the best of
+#      A, B, C in their first call, 2026-12-01)
+#   D: C with the quantizers bypassed (the decoder gets the unquantized latent): the
+#      autoencoder's ceiling at this size, no bits limit; its export is no codec
+#   E: C with scripts/voice/codec-wide-decoder.json (decoder_dim 768: decoder 10.9M,
+#      codec 14.7M against 6.7M): is the decoder's width the limit?
+# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "C D E"), and each arm's
 # training state (fp16 parameters, no moments) as state-<arm>.tar.part-* pieces of at
 # most 15 MB (the device tool returns 8 files of at most 16 MiB), so the best arm can be
 # resumed in the next call: cat the pieces | tar -x -C .carry/codec-<arm>
@@ -20,7 +25,7 @@ MINUTES=${MINUTES:-7}
 # the learning-rate schedule is planned over TOTAL_MINUTES, so the best arm can go on in
 # a second call (gpu_codec.sh with STATE and the same TOTAL_MINUTES) without a re-warm
 # from the top
-ARMS=${ARMS:-A B C}
+ARMS=${ARMS:-C D E}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 AUDIO=${AUDIO:-.carry/voice/audio}
 export PYTHONUNBUFFERED=1 OPUS_LIBRARY=$PWD/.carry/lib/libopus.so.0
@@ -30,6 +35,8 @@ arm_args() {
     A) ;;
     B) echo "--codec-config scripts/voice/codec-wide.json" ;;
     C) echo "--set lr=1e-3 --set warmup=200" ;;
+    D) echo "--set lr=1e-3 --set warmup=200 --set bypass_quantizer=1" ;;
+    E) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-wide-decoder.json" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
