@@ -4,9 +4,10 @@ stream's audio and segment ends reach its sink in order.
 
 Every decode call has a shape from a small fixed set: the batch is padded to a bucket
 (padding rows use a scratch slot) and each stream's pending frames go out in chunks of
-4, 2 or 1 (up to `max_chunk`: 8 or 16 make more of the same). cuDNN builds an execution plan the first time it sees a convolution shape,
-which was measured on an H200 at 100-1,500 ms per new shape for the release-size codec;
-with a fixed set, `warm_up()` builds them all before serving.
+4, 2 or 1 (by default; `max_chunk` 8 or 16 adds larger ones). cuDNN builds an execution
+plan the first time it sees a convolution shape, which was measured on an H200 at
+100-1,500 ms per new shape for the release-size codec; with a fixed set, `warm_up()`
+builds them all before serving.
 
 Frames are held back while their stream is well ahead of real time: each stream's
 first frames go out at once (time to first audio), and once the audio already sent

@@ -125,8 +125,6 @@ def test_codec_graphs_give_the_eager_audio(max_chunk):
     """The codec worker's CUDA graphs (one per batch bucket and chunk size) decode the same
     audio as its eager path, stream by stream, with streams of different lengths sharing
     calls (so chunks of max_chunk, ..., 2 and 1 frames and several buckets are used)."""
-    from engine.codec_worker import CodecWorker
-
     codec = load_bundle("tiny", "cuda", torch.float32).codec
     # the graphs keep the conv kernels cuDNN picked by timing at warm-up, the eager path
     # its heuristics' picks; with TF32 allowed (PyTorch's default for cuDNN) they differ

@@ -246,7 +246,7 @@ def test_bypassed_quantizer_decodes_the_unquantized_latent():
     with torch.no_grad():
         quantized, _ = trainer(x)
         trainer.bypass_quantizer = True
-        bypassed, vq = trainer(x)
+        bypassed, _ = trainer(x)
         q = trainer.codec.quantizer
         direct = trainer.codec.decoder(q.upsample(q.post_module(trainer._latent(x))))[:, 0]
     assert torch.allclose(bypassed, direct, atol=1e-6) and not torch.allclose(bypassed, quantized, atol=1e-4)
