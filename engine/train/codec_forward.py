@@ -51,6 +51,20 @@ def fold_weight_norm_(codec: Codec) -> Codec:
     return codec
 
 
+def use_fused_snake_(codec: Codec) -> Codec:
+    """Every Snake1d of the codec computes itself and its gradient with
+    kernels/snake_train.py (one pass each way, instead of ~15 PyTorch passes; Triton, so a
+    GPU or the interpreter). Training only: the parameters and their names are unchanged,
+    so checkpoints and exports do not see it."""
+    from engine.codec.layers import Snake1d
+    from kernels.snake_train import snake_train
+
+    for m in codec.modules():
+        if isinstance(m, Snake1d):
+            m.forward = lambda x, m=m: snake_train(x, m.alpha.view(-1))
+    return codec
+
+
 def init_codec_(codec: Codec, seed: int = 0) -> Codec:
     """Weights for training from scratch: PyTorch's defaults for the convolutions (with the
     VQ input projections' biases zeroed: at init a bias dominates the projected latent's

@@ -40,7 +40,7 @@ import torch
 from engine.codec.config import CodecConfig
 from engine.codec.model import Codec
 from engine.train import checkpoints
-from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_
+from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_, use_fused_snake_
 from engine.train.codec_losses import ReconstructionLoss, snr_db
 from engine.train.phone_targets import NUM_CLASSES
 from engine.train.presets import VOICE_CODEC
@@ -70,12 +70,17 @@ class CodecTrainConfig:
     # experiment: decode from the unquantized latent (CodecTrainer.bypass_quantizer); a
     # run's mel curve is then the autoencoder's ceiling at this size, its export no codec
     bypass_quantizer: bool = False
+    # Snake and its gradient as one Triton pass each (codec_forward.use_fused_snake_); off
+    # until a GPU profile shows the gain (`--profile-steps`)
+    fused_snake: bool = False
 
 
 def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
     cfg = cfg or CodecTrainConfig()
     torch.manual_seed(cfg.seed)
     codec = init_codec_(Codec(config), cfg.seed)
+    if cfg.fused_snake:
+        use_fused_snake_(codec)
     trainer = CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every, cfg.bypass_quantizer)
     if cfg.phone_weight > 0:
         trainer.add_phone_head(NUM_CLASSES)
