@@ -237,9 +237,10 @@ def test_release_shape_matches_upstream_names():
 WINDOW = 4  # a small post_module window so that "beyond the window" is cheap
 
 
-@pytest.fixture(scope="module")
-def small_codec() -> Codec:
-    return random_codec(codec_preset("tiny", quantizer_window=WINDOW))
+@pytest.fixture(scope="module", params=["dac", "istft"])
+def small_codec(request) -> Codec:
+    """The tiny codec with each decoder kind: every streaming test runs on both."""
+    return random_codec(codec_preset("tiny", quantizer_window=WINDOW, decoder_kind=request.param, decoder_layers=2))
 
 
 def random_codes(codec: Codec, batch: int, frames: int, seed: int) -> torch.Tensor:
@@ -332,6 +333,29 @@ def test_streaming_rejects_bad_shapes(small_codec):
 
 
 # -- presets and shapes -------------------------------------------------------------------
+
+
+def test_istft_decoder_is_causal_and_loads_from_its_config(tmp_path):
+    """The "istft" decoder: an output sample never depends on a later code frame (so the
+    stream needs no look-ahead), and a codec.pth + codec_config.json of it loads and
+    decodes the same."""
+    from engine.codec.loader import CONFIG_FILE, load_codec
+
+    config = codec_preset("tiny", decoder_kind="istft", decoder_layers=2, istft_window=4)
+    codec = random_codec(config)
+    codes = random_codes(codec, 1, 8, seed=7)
+    changed = codes.clone()
+    changed[:, :, 5:] = (changed[:, :, 5:] + 17) % 256  # frames 5.. differ
+    a, b = codec.decode(codes), codec.decode(changed)
+    hop = codec.hop_length
+    assert torch.equal(a[:, : 5 * hop], b[:, : 5 * hop]) and not torch.allclose(a[:, 5 * hop:], b[:, 5 * hop:])
+    torch.save(codec.state_dict(), tmp_path / "codec.pth")
+    (tmp_path / CONFIG_FILE).write_text(config.to_json())
+    loaded = load_codec(tmp_path / "codec.pth")
+    assert loaded.config.decoder_kind == "istft"
+    assert torch.allclose(loaded.decode(codes), a, atol=1e-6)
+    with pytest.raises(ValueError, match="decoder_kind"):
+        codec_preset("tiny", decoder_kind="vocos")
 
 
 def test_tiny_preset_round_trip_shapes():

@@ -213,14 +213,16 @@ def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
 
 # --- codec --------------------------------------------------------------------------------
 
-def _codec_trainer() -> CodecTrainer:
-    return CodecTrainer(add_weight_norm_(init_codec_(Codec(CODEC))), quantizer_dropout=0.0)
+def _codec_trainer(decoder_kind: str = "dac") -> CodecTrainer:
+    config = CODEC if decoder_kind == "dac" else dataclasses.replace(CODEC, decoder_kind=decoder_kind, decoder_layers=2)
+    return CodecTrainer(add_weight_norm_(init_codec_(Codec(config))), quantizer_dropout=0.0)
 
 
-def test_codec_training_step_lowers_the_loss_on_a_fixed_batch():
+@pytest.mark.parametrize("decoder_kind", ["dac", "istft"])
+def test_codec_training_step_lowers_the_loss_on_a_fixed_batch(decoder_kind):
     from engine.train.codec_train import loss_terms
 
-    trainer = _codec_trainer()
+    trainer = _codec_trainer(decoder_kind)
     losses_ = ReconstructionLoss(CODEC.sample_rate, mel_windows=(32, 64, 128), mel_bands=(5, 10, 20),
                                  stft_windows=(64, 128))
     t = torch.arange(64 * CODEC.hop_length) / CODEC.sample_rate

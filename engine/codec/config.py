@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, fields, replace
 MIN_SAMPLE_RATE = 8_000
 MAX_SAMPLE_RATE = 192_000
 
+DECODER_KINDS = ("dac", "istft")
+
 # Upstream sizes the encoder transformer's heads as `dim // 64` whatever its head_dim is.
 ENCODER_HEAD_DIVISOR = 64
 
@@ -36,6 +38,14 @@ class CodecConfig:
     # decoder: `decoder_dim` channels halved by each transposed-conv block
     decoder_dim: int = 1536
     decoder_rates: tuple[int, ...] = (8, 8, 4, 2)
+    # "dac": the transposed-conv decoder above (the release's). "istft": an experiment for
+    # small codecs: `decoder_layers` ConvNeXt blocks of `decoder_dim` at the latent rate and a
+    # head that predicts each latent frame's spectrum (magnitude and phase), turned into
+    # audio by an inverse FFT with overlap-add (Vocos's idea): the loss's spectra are one
+    # step from the output. Its hop is prod(decoder_rates), its window istft_window hops.
+    decoder_kind: str = "dac"
+    decoder_layers: int = 6
+    istft_window: int = 4
     # quantizer: 1 semantic codebook + `n_codebooks` residual ones
     n_codebooks: int = 9
     codebook_size: int = 1024
@@ -79,8 +89,11 @@ class CodecConfig:
         _check(math.prod(self.decoder_rates) == math.prod(self.encoder_rates),
                f"decoder_rates {self.decoder_rates} must upsample by the encoder's "
                f"{math.prod(self.encoder_rates)}")
-        _check(self.decoder_dim % 2 ** len(self.decoder_rates) == 0,
+        _check(self.decoder_kind in DECODER_KINDS, f"decoder_kind must be one of {DECODER_KINDS}")
+        _check(self.decoder_kind != "dac" or self.decoder_dim % 2 ** len(self.decoder_rates) == 0,
                f"decoder_dim {self.decoder_dim} must halve {len(self.decoder_rates)} times")
+        _check(self.decoder_layers > 0 and 1 <= self.istft_window <= 16,
+               "decoder_layers must be > 0 and istft_window in 1..16 hops")
         _check(self.norm_eps > 0 and self.rope_base > 0, "norm_eps and rope_base must be > 0")
         _check(self.quantizer_head_dim % 2 == 0 and self.encoder_transformer_head_dim % 2 == 0,
                "RoPE needs an even head_dim")

@@ -106,6 +106,54 @@ class ConvNeXtBlock(nn.Module):
         return x + self.pointwise(self.dwconv(x))
 
 
+LOG_MAGNITUDE_MAX = 6.0  # exp(6) ~ 400: a fresh head cannot blow the output up
+
+
+class SpectralHead(nn.Module):
+    """Latent frames [B, dim, T] -> audio [B, 1, T * hop] (the "istft" decoder's output):
+    each frame's spectrum, log-magnitude and phase of n_fft // 2 + 1 bins (n_fft =
+    window_hops * hop), from a LayerNorm and one linear layer; an inverse real FFT, a
+    periodic Hann window, and overlap-add. Frame t's window covers samples [t * hop,
+    t * hop + n_fft), so samples [t * hop, (t + 1) * hop) are complete once frame t is in:
+    no look-ahead, and a stream only keeps the last frames' tails (`overlap_add`)."""
+
+    def __init__(self, dim: int, hop: int, window_hops: int) -> None:
+        super().__init__()
+        self.hop, self.window_hops, self.n_fft = hop, window_hops, hop * window_hops
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.proj = nn.Linear(dim, self.n_fft + 2)
+
+    def frames(self, x: Tensor) -> Tensor:
+        """[B, dim, T] -> each frame's windowed waveform [B, T, window_hops, hop], fp32."""
+        B, _, T = x.shape
+        h = self.proj(self.norm(x.mT)).float()
+        bins = self.n_fft // 2 + 1
+        magnitude = torch.exp(h[..., :bins].clamp(max=LOG_MAGNITUDE_MAX))
+        wave = torch.fft.irfft(torch.polar(magnitude, h[..., bins:]), n=self.n_fft)
+        # made per call, not a buffer: checkpoints load onto the meta device, which a
+        # non-persistent buffer would never leave. Hann windows overlap-added at this hop
+        # sum to window_hops / 2: scaled so that they sum to 1
+        window = torch.hann_window(self.n_fft, periodic=True, device=x.device) * (2.0 / self.window_hops)
+        return (wave * window).view(B, T, self.window_hops, self.hop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        audio, _ = overlap_add(self.frames(x), None)
+        return audio[:, None].to(x.dtype)
+
+
+def overlap_add(frames: Tensor, tail: Tensor | None) -> tuple[Tensor, Tensor]:
+    """frames [B, n, R, hop] (frame i's window, in R hops) and the tail of earlier frames
+    [B, R - 1, hop] (what they add to the next R - 1 hops; None: nothing before) -> the n
+    completed hops [B, n * hop] and the new tail [B, R - 1, hop]."""
+    B, n, R, hop = frames.shape
+    buf = frames.new_zeros(B, n + R - 1, hop)
+    if tail is not None:
+        buf[:, : R - 1] += tail.to(buf.dtype)
+    for k in range(R):
+        buf[:, k : k + n] += frames[:, :, k]
+    return buf[:, :n].reshape(B, n * hop), buf[:, n:]
+
+
 # ---------------------------------------------------------------------------------------
 # window-limited causal transformer
 

@@ -8,6 +8,8 @@ decode is streamable (streaming.py). Module names follow upstream's state dict.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -16,8 +18,10 @@ from engine.codec.config import ENCODER_HEAD_DIVISOR, CodecConfig
 from engine.codec.layers import (
     CausalConv1d,
     CausalConvTranspose1d,
+    ConvNeXtBlock,
     ResidualUnit,
     Snake1d,
+    SpectralHead,
     WindowLimitedTransformer,
 )
 from engine.codec.quantizer import DownsampleQuantizer
@@ -96,6 +100,27 @@ class Decoder(nn.Module):
         return self.model(z)
 
 
+class SpectralDecoder(nn.Module):
+    """The "istft" decoder (CodecConfig.decoder_kind): a causal conv from the latent to
+    `decoder_dim`, `decoder_layers` ConvNeXt blocks, all at the latent rate, then a
+    SpectralHead with hop prod(decoder_rates). Not in upstream's family of checkpoints:
+    an option for the small embedded codec, whose transposed-conv decoder trained on
+    spectral losses alone stalled with the spectrum wrong at every scale."""
+
+    def __init__(self, config: CodecConfig) -> None:
+        super().__init__()
+        dim = config.decoder_dim
+        self.model = nn.Sequential(
+            CausalConv1d(config.latent_dim, dim, kernel_size=7),
+            *[ConvNeXtBlock(dim) for _ in range(config.decoder_layers)],
+            SpectralHead(dim, math.prod(config.decoder_rates), config.istft_window),
+        )
+
+    def forward(self, z: Tensor) -> Tensor:
+        # z: [B, latent, T] -> [B, 1, T * prod(decoder_rates)]
+        return self.model(z)
+
+
 class Codec(nn.Module):
     """`decoder_only=True` leaves out everything only encode reads (encoder, downsample,
     pre_module, VQ input projections): about half of the release's 391M parameters."""
@@ -106,7 +131,7 @@ class Codec(nn.Module):
         self.decoder_only = decoder_only
         self.encoder = None if decoder_only else Encoder(config)
         self.quantizer = DownsampleQuantizer(config, encoder=not decoder_only)
-        self.decoder = Decoder(config)
+        self.decoder = Decoder(config) if config.decoder_kind == "dac" else SpectralDecoder(config)
 
     @property
     def sample_rate(self) -> int:

@@ -18,6 +18,8 @@ State layout (S = max_streams, W = post_module window, in frames of the tensor's
   causal transposed conv   [S, C_out, kernel - stride]  the overlap of the last frame's
                                             output with the next frame's, bias NOT yet
                                             added (the bias is added once, on emission)
+  spectral head ("istft")  [S, R - 1, hop]  the windows of the last frames, overlapping
+                                            the next R - 1 hops
 
 The whole-sequence `Codec.decode` is the reference: feeding the same frames in chunks of
 any sizes gives the same samples up to float rounding. Nothing is re-decoded: a call with
@@ -39,7 +41,9 @@ from engine.codec.layers import (
     ConvNeXtBlock,
     ResidualUnit,
     Snake1d,
+    SpectralHead,
     WindowLimitedTransformer,
+    overlap_add,
     window_mask,
 )
 from engine.codec.model import Codec, DecoderBlock
@@ -178,6 +182,8 @@ class StreamingDecoder:
             return self._conv_step(module)
         if isinstance(module, CausalConvTranspose1d):
             return self._transposed_step(module)
+        if isinstance(module, SpectralHead):
+            return self._spectral_step(module)
         if isinstance(module, Snake1d) and self.snake_kernel:  # pointwise: no state
             from kernels.snake import snake
 
@@ -202,6 +208,17 @@ class StreamingDecoder:
             full = torch.cat([history[slots], x], dim=-1)  # [B, C_in, ctx + n]
             history[slots] = full[..., -ctx:]
             return conv(full)  # no padding: ctx + n inputs give n outputs
+
+        return step
+
+    def _spectral_step(self, head: SpectralHead) -> Step:
+        tail = self._new(head.window_hops - 1, head.hop, dtype=torch.float32)  # [S, R - 1, hop]: earlier tails
+
+        def step(x: Tensor, slots: Tensor) -> Tensor:
+            # x: [B, dim, n] -> [B, 1, n * hop]
+            audio, rest = overlap_add(head.frames(x), tail[slots])
+            tail[slots] = rest.to(tail.dtype)
+            return audio[:, None].to(x.dtype)
 
         return step
 
