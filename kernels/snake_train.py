@@ -13,8 +13,9 @@ Here the forward reads x once and writes y; the backward reads x and the incomin
 gradient once and writes the gradient of x, and sums the gradient of a per channel with
 one fp32 atomic add per program. The math is in fp32 and rounded once.
 
-`snake_train(x, alpha)` is differentiable in both; `snake_train_reference` is the same
-function in plain PyTorch (autograd takes its derivative), which the tests compare with.
+`snake_train(x, alpha)` is differentiable in both. Its reference is the inference
+kernel's, `kernels.snake.snake_reference`: plain PyTorch ops, so autograd takes its
+derivative, which the tests compare with.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.snake import BLOCK, _check, snake
-
-EPS = 1e-9  # keeps a = 0 finite, as upstream's Snake1d
 
 
 @triton.jit
@@ -72,11 +71,3 @@ def snake_train(x: Tensor, alpha: Tensor) -> Tensor:
     """Snake with its gradient in one pass each; x [B, C, T], alpha [C] -> [B, C, T]."""
     _check(x, alpha)
     return _SnakeFunction.apply(x, alpha)
-
-
-def snake_train_reference(x: Tensor, alpha: Tensor) -> Tensor:
-    """The same function in plain PyTorch ops (fp32 math), differentiated by autograd."""
-    _check(x, alpha)
-    a = alpha.float()[None, :, None]
-    xf = x.float()
-    return (xf + torch.sin(a * xf).pow(2) / (a + EPS)).to(x.dtype)

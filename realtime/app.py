@@ -49,15 +49,20 @@ HTTP_STATUS = {
 }
 
 
+def _error_json(error: str, message: str, status: int) -> JSONResponse:
+    """The one error body of every HTTP response and refused handshake."""
+    return JSONResponse({"error": error, "message": message}, status_code=status)
+
+
 def error_response(code: P.ErrorCode, message: str, metrics: Metrics | None = None) -> JSONResponse:
     if metrics is not None:
         metrics.errors[code.value] += 1
-    return JSONResponse({"error": code.value, "message": message}, status_code=HTTP_STATUS[code])
+    return _error_json(code.value, message, HTTP_STATUS[code])
 
 
 def unauthorized_response() -> JSONResponse:
     """A missing or wrong API key, on HTTP and on a refused WebSocket handshake alike."""
-    return JSONResponse({"error": "unauthorized", "message": "missing or wrong API key"}, status_code=401)
+    return _error_json("unauthorized", "missing or wrong API key", 401)
 
 
 async def _deny(ws: WebSocket, response: Response) -> None:
@@ -97,8 +102,8 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
 
     async def unknown_ws(ws: WebSocket) -> None:
         path = ws.url.path[:200]  # the client's own path, echoed back (bounded)
-        await _deny(ws, JSONResponse({"error": "not_found", "message": f"no WebSocket endpoint at {path}; the live "
-                                      "TTS endpoint is /v1/tts/live"}, status_code=404))
+        await _deny(ws, _error_json("not_found", f"no WebSocket endpoint at {path}; the live TTS endpoint is "
+                                    "/v1/tts/live", 404))
 
     async def tts(request: Request) -> Response:
         svc.metrics.http_requests += 1

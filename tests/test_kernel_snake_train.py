@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.snake_train import snake_train, snake_train_reference
+from kernels.snake import snake_reference
+from kernels.snake_train import snake_train
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -32,7 +33,7 @@ def test_value_and_both_gradients_match_autograd(shape):
     alpha[0] = 0.0  # upstream's eps keeps alpha = 0 finite, in the gradient too
     weight = torch.randn(*shape, generator=g).to(DEVICE)
     got = value_and_grads(snake_train, x, alpha, weight)
-    want = value_and_grads(snake_train_reference, x, alpha, weight)
+    want = value_and_grads(snake_reference, x, alpha, weight)
     for name, a, b in zip(("value", "grad x", "grad alpha"), got, want):
         assert a.shape == b.shape and torch.isfinite(a).all(), name
         assert rel(a, b) < 1e-5, (name, rel(a, b))
@@ -43,11 +44,11 @@ def test_strided_input_and_bf16():
     x = big[:, :, 50:250]  # not contiguous: rows 300 apart
     alpha = torch.rand(8, device=DEVICE) + 0.1
     weight = torch.randn(2, 8, 200, device=DEVICE)
-    got, want = value_and_grads(snake_train, x, alpha, weight), value_and_grads(snake_train_reference, x, alpha, weight)
+    got, want = value_and_grads(snake_train, x, alpha, weight), value_and_grads(snake_reference, x, alpha, weight)
     assert all(rel(a, b) < 1e-5 for a, b in zip(got, want))
     xb, ab = x.bfloat16(), alpha.float()  # the trainer's alpha stays fp32 under bf16 activations
     got = value_and_grads(snake_train, xb, ab, weight)
-    want = value_and_grads(snake_train_reference, xb, ab, weight)
+    want = value_and_grads(snake_reference, xb, ab, weight)
     assert got[0].dtype == got[1].dtype == torch.bfloat16 and got[2].dtype == torch.float32
     assert all(rel(a, b) < 2e-2 for a, b in zip(got, want))
 

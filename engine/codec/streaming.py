@@ -216,8 +216,8 @@ class StreamingDecoder:
 
         def step(x: Tensor, slots: Tensor) -> Tensor:
             # x: [B, dim, n] -> [B, 1, n * hop]
-            audio, rest = overlap_add(head.frames(x), tail[slots])
-            tail[slots] = rest.to(tail.dtype)
+            audio, rest = overlap_add(head.frames(x), tail[slots])  # fp32, as the tail
+            tail[slots] = rest
             return audio[:, None].to(x.dtype)
 
         return step

@@ -44,12 +44,14 @@ class ReconstructionLoss(nn.Module):
         for w, n in zip(self.mel_windows, mel_bands):
             self.register_buffer(f"mel_{w}", mel_filterbank(rate, w, n), persistent=False)
 
+    def log_mel(self, x: Tensor, window: int) -> Tensor:
+        """x [B, T] -> log10 mel spectrogram [B, bands, frames] at one of mel_windows."""
+        return torch.log10((getattr(self, f"mel_{window}") @ magnitude(x, window)).clamp(min=1e-5))
+
     def mel(self, y: Tensor, x: Tensor) -> Tensor:
         total = y.new_zeros((), dtype=torch.float32)
         for w in self.mel_windows:
-            fb = getattr(self, f"mel_{w}")
-            my, mx = fb @ magnitude(y, w), fb @ magnitude(x, w)
-            total = total + F.l1_loss(torch.log10(my.clamp(min=1e-5)), torch.log10(mx.clamp(min=1e-5)))
+            total = total + F.l1_loss(self.log_mel(y, w), self.log_mel(x, w))
         return total / len(self.mel_windows)
 
     def stft(self, y: Tensor, x: Tensor) -> Tensor:

@@ -95,12 +95,9 @@ def spectral_errors(loss: ReconstructionLoss, y: torch.Tensor, x: torch.Tensor) 
     correlation over the louder half of the frames, each band's mean removed). Measured
     on 2026-12-01: the codec's L1 was ~0.35 at every window, Griffin-Lim's 0.05-0.14 at
     the long ones, so the codec's error is the envelope itself, not fine structure."""
-    from engine.train.codec_losses import magnitude
-
     out = {}
     for w in loss.mel_windows:
-        fb = getattr(loss, f"mel_{w}")
-        my, mx = (torch.log10((fb @ magnitude(a, w)).clamp(min=1e-5))[0] for a in (y, x))
+        my, mx = loss.log_mel(y, w)[0], loss.log_mel(x, w)[0]
         out[f"mel_l1_{w}"] = float((my - mx).abs().mean())
         if w == 1024:  # the 80-band one
             loud = mx.mean(0) > mx.mean(0).median()
