@@ -24,14 +24,17 @@ once per step) and a register-resident broadcast product spilled.
 FP8 caches (uint8 [rows, L, K, D + 16], kernels/kv_fp8.py) are read as they are: the e4m3
 codes go to fp16 exactly (one conversion instruction per pair), the dots run in fp16,
 each key's scale multiplies its scores and each value's scale its values in registers,
-so nothing is dequantized through memory and the kernel reads 0.56x the bytes. It is not
-faster for that yet: on an H200 the batch-64 step at context 1000 took 10.57 ms against
-9.96 with the bf16 cache (kernels/FP8_NOTES.md, with what was ruled out and what is
-left). fp16 holds values up to 65504 and scales down to 2^-24 exactly, far outside what
+so nothing is dequantized through memory and the kernel reads 0.56x the bytes. At the
+launch choices first used (Triton's default warps) it was not faster for that: on an
+H200 the batch-64 step at context 1000 took 10.57 ms against 9.96 with the bf16 cache
+(kernels/FP8_NOTES.md). With two warps and three stages (`launch_choice`) the kernel
+alone reads the FP8 cache in 63.3 us against the bf16 cache's 68.2 at its best choice. fp16 holds values up to 65504 and scales down to 2^-24 exactly, far outside what
 attention values reach; a head of values all below ~1e-5 would read as zeros.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -48,6 +51,33 @@ from kernels.kv_fp8 import head_dim_of, kernel_args, load_form
 # latency_bench/profile_step.py), 40% of the step at batch 64.
 SPLIT = 256
 BLOCK_N = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    split: int  # positions per program
+    block: int  # positions per inner step
+    num_warps: int | None = None  # None: Triton's default
+    num_stages: int | None = None
+
+
+# Where batch x KV heads alone fill the SMs twice over (132 on an H200), longer splits
+# and fewer warps win. Measured with `latency_bench.attention_bench` on an H200 (batch 64,
+# context 1000, S2-Pro heads, 2026-12-01, latency_bench/reference/h200-s2pro/
+# attention_bench.json): bf16 cache 68.2 us against 76-77 for (256, 64, defaults); FP8
+# cache 63.3 us against 93, its default warps left each load's latency exposed. Smaller
+# batches keep the short splits (not swept there).
+SMALL = Launch(SPLIT, BLOCK_N)
+LARGE_BF16 = Launch(512, 32, 2, 2)
+LARGE_FP8 = Launch(512, 64, 2, 3)
+LARGE_FROM_PROGRAMS = 256
+
+
+def launch_choice(rows: int, kv_heads: int, fp8: bool) -> Launch:
+    """The launch a call of `rows` queries over `kv_heads` KV heads gets by default."""
+    if rows * kv_heads < LARGE_FROM_PROGRAMS:
+        return SMALL
+    return LARGE_FP8 if fp8 else LARGE_BF16
 
 
 @triton.jit
@@ -158,7 +188,7 @@ def _combine_kernel(
 
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_length: int | None = None,
-    block: int = BLOCK_N, num_warps: int | None = None, num_stages: int | None = None, split: int = SPLIT,
+    block: int | None = None, num_warps: int | None = None, num_stages: int | None = None, split: int | None = None,
 ) -> Tensor:
     """Attention of one new position per stream; see the module docstring for shapes.
 
@@ -166,8 +196,9 @@ def decode_attention(
     splits, so a CUDA graph captured once serves any lengths up to it. Packed FP8 caches
     (uint8 [rows, L, K, D + 16]) are read as kernels/kv_fp8.py lays them out. `split`
     (positions per program), `block` (positions per inner step, a power of two dividing
-    `split`), `num_warps` and `num_stages` (None: Triton's defaults) are launch choices
-    for latency_bench.attention_bench."""
+    `split`), `num_warps` and `num_stages` are launch choices for
+    latency_bench.attention_bench; left None, `launch_choice` picks them (the measured
+    choice for the batch and cache kind)."""
     b, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
     fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
@@ -184,6 +215,10 @@ def decode_attention(
         raise ValueError("slots and lengths must be int64 [batch]")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the head dim must be contiguous in q and in the caches")
+    if split is None and block is None and num_warps is None and num_stages is None:
+        choice = launch_choice(b, kv_heads, fp8)
+        split, block, num_warps, num_stages = choice.split, choice.block, choice.num_warps, choice.num_stages
+    split, block = split or SPLIT, block or BLOCK_N
     if block < 16 or block & (block - 1) or split % block:
         raise ValueError(f"block {block} must be a power of two >= 16 dividing the split ({split})")
     launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}

@@ -125,8 +125,15 @@ def main(argv=None) -> int:
     p.add_argument("--step-kernels-baseline", action="store_true",
                    help="also run CUDA graphs with the blocks' small ops in PyTorch (mode graphs_torch_ops): "
                         "the baseline of kernels/add_rms_norm.py, swiglu.py, fast_attention.py")
+    p.add_argument("--attention-launch", default="measured", choices=["measured", "short"],
+                   help="decode attention's launch: the measured choice per batch (kernels/decode_attention.py"
+                        " launch_choice), or its short splits at every batch (the launch before it, a baseline)")
     p.add_argument("--out", default="out/engine_bench")
     a = p.parse_args(argv)
+    if a.attention_launch == "short":
+        import kernels.decode_attention as attention
+
+        attention.LARGE_FROM_PROGRAMS = sys.maxsize  # every call takes the short-split launch
     batches = [int(x) for x in a.batch.split(",")]
     kv_quants = a.kv_quant.split(",")
     if any(q not in KV_QUANTS for q in kv_quants):
@@ -143,7 +150,7 @@ def main(argv=None) -> int:
     for q in kv_quants[1:]:
         modes.append(f"{fastest}_kv_{q}")
         kv_of[modes[-1]] = q
-    results: dict = {"model": bundle.name, "quant": a.quant, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
+    results: dict = {"model": bundle.name, "quant": a.quant, "attention_launch": a.attention_launch, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
                      "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)

@@ -15,6 +15,7 @@
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
 #   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
+#   bash scripts/gpu_check.sh attnlaunch  # decode attention's measured launch vs the short splits: tests, engine step, bf16 and FP8 KV (~4 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
@@ -216,6 +217,17 @@ fp8check)
     bash "$0" attention
     timeout 200 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | grep -v "^  (skipped" \
         | tee "$out/kernel_bench.log" | tail -30
+    ;;
+attnlaunch)
+    # decode attention's measured launch (kernels/decode_attention.py launch_choice) against
+    # the short splits it replaced: the kernel's GPU tests, then the engine step at context
+    # 1000 with a bf16 and an FP8 KV cache, under each launch (~4 min)
+    timeout 150 python3 -m pytest -q tests/test_kernel_decode_attention.py tests/test_gpu.py 2>&1 | tail -3
+    for launch in short measured; do
+        timeout 170 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --steps 30 \
+            --context 1000 --max-len 1536 --prompt-lengths 300 --kv-quant none,fp8 --attention-launch $launch \
+            --out "$out/engine_attn_$launch" 2>&1 | grep -v Warn | tail -9
+    done
     ;;
 fp8e2e)
     # FP8 tests compiled, the engine step with FP8 and with bf16 (same run), the kernel table

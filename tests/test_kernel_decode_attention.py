@@ -126,3 +126,26 @@ def test_attention_benchmark_script_runs(tmp_path):
     assert main(["--smoke", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "attention_bench.json").read_text())["rows"]
     assert [r["fp8"] for r in rows] == [False, True] and all(r["us"] > 0 for r in rows)
+
+
+def test_default_launch_follows_the_batch_and_the_cache_kind():
+    from kernels.decode_attention import LARGE_BF16, LARGE_FP8, SMALL, launch_choice
+
+    assert launch_choice(1, 8, fp8=False) == SMALL  # batch 1: short splits fill the SMs
+    assert launch_choice(64, 8, fp8=False) == LARGE_BF16
+    assert launch_choice(64, 8, fp8=True) == LARGE_FP8
+    for c in (SMALL, LARGE_BF16, LARGE_FP8):
+        assert c.split % c.block == 0
+
+
+def test_large_batch_launch_matches_the_reference():
+    # 32 rows x 8 KV heads takes the large-batch launch; lengths past one 256 split
+    g = torch.Generator().manual_seed(3)
+    b, h, k, d = 32, 16, 8, 16
+    kc = torch.randn(b + 1, 600, k, d, generator=g)
+    vc = torch.randn(b + 1, 600, k, d, generator=g)
+    q = torch.randn(b, h, d, generator=g)
+    slots = torch.randperm(b + 1, generator=g)[:b]
+    lengths = torch.randint(1, 600, (b,), generator=g)
+    out = decode_attention(q, kc, vc, slots, lengths, max_length=600)
+    torch.testing.assert_close(out, decode_attention_reference(q, kc, vc, slots, lengths), rtol=1e-4, atol=1e-5)
