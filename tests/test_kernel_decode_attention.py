@@ -138,14 +138,18 @@ def test_default_launch_follows_the_batch_and_the_cache_kind():
         assert c.split % c.block == 0
 
 
-def test_large_batch_launch_matches_the_reference():
-    # 32 rows x 8 KV heads takes the large-batch launch; lengths past one 256 split
-    g = torch.Generator().manual_seed(3)
-    b, h, k, d = 32, 16, 8, 16
-    kc = torch.randn(b + 1, 600, k, d, generator=g)
-    vc = torch.randn(b + 1, 600, k, d, generator=g)
-    q = torch.randn(b, h, d, generator=g)
-    slots = torch.randperm(b + 1, generator=g)[:b]
-    lengths = torch.randint(1, 600, (b,), generator=g)
-    out = decode_attention(q, kc, vc, slots, lengths, max_length=600)
-    torch.testing.assert_close(out, decode_attention_reference(q, kc, vc, slots, lengths), rtol=1e-4, atol=1e-5)
+@pytest.mark.parametrize("fp8, dtype", [(False, torch.float32), (True, torch.bfloat16)])
+def test_large_batch_launch_matches_the_reference(fp8, dtype):
+    """32 rows x 8 KV heads take the large-batch launch (512-position splits, 2 warps);
+    lengths across the 256 and 512 boundaries."""
+    from kernels.decode_attention import LARGE_BF16, launch_choice
+
+    lengths = [1 + (97 * i) % 529 for i in range(32)]
+    q, kc, vc, slots, lens = case(32, 16, 8, 16, rows=33, cache_len=530, lengths=lengths, dtype=dtype)
+    assert launch_choice(32, 8, fp8) != launch_choice(1, 8, fp8) and LARGE_BF16.split == 512
+    if fp8:
+        kc, vc = pack_kv(kc), pack_kv(vc)
+    out = decode_attention(q, kc, vc, slots, lens, max_length=530)
+    ref = decode_attention_reference(q, kc, vc, slots, lens)
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < TOL[dtype], err
