@@ -18,6 +18,11 @@ engine alone at 5,800: the per-message Python work (codec call, callbacks, encod
 WebSocket sends) was the limit. A held frame goes out as soon as its stream's lead
 falls to `hold_lead_s`, so holding never starves a real-time player.
 
+A turn's first audio may wait for `first_frames` frames (default 1). Measured on an H200
+at 64 connections, nearly every underrun was a turn's first frame (46 ms of audio)
+running out before the second came through a saturated GPU and codec; with 2, underruns
+fell from 105 to 6 and TTFA p50 rose from 79 to 121 ms (README, "Reference numbers").
+
 On a GPU each of those shapes is also captured as a CUDA graph (static slot, code and
 audio buffers; the decoder's per-slot state is updated inside the graph), so a call is
 one replay instead of ~1,000 eager launches: measured on an H200 with the release-size
@@ -101,9 +106,14 @@ def chunk_sizes(max_chunk: int) -> tuple[int, ...]:
 class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
-        snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0],
+        snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
+        if first_frames not in self.chunks:
+            raise ValueError(f"a turn's first audio must be one of the chunk sizes {self.chunks}, got {first_frames}")
+        # frames a turn's first audio waits for (1: the first frame goes out alone; 2: a
+        # player starts with two frames of audio, so the third has two frames' time to come)
+        self.first_frames = first_frames
         self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel)
         # None: never hold frames back (every frame decoded as soon as it arrives)
         self.hold_lead_s = hold_lead_s
@@ -194,13 +204,22 @@ class CodecWorker:
         self._decode_due(self.clock())
         return False
 
+    def _started(self, slot: int, frames: list[_Frame]) -> _Lead | None:
+        """The lead of the turn these held frames belong to, once its first audio went out."""
+        lead = self._leads.get(slot)
+        return lead if lead is not None and lead.turn == frames[0].turn else None
+
     def _due(self, slot: int, frames: list[_Frame], now: float) -> bool:
-        """Frames go out now unless the stream is ahead of real time by more than
-        hold_lead_s and has fewer than a full chunk waiting."""
+        """A turn's first frames go out once `first_frames` of them are there (the rest of
+        a shorter turn goes out at its segment end); later frames go out now unless the
+        stream is ahead of real time by more than hold_lead_s and has fewer than a full
+        chunk waiting."""
+        lead = self._started(slot, frames)
+        if lead is None:
+            return len(frames) >= self.first_frames
         if self.hold_lead_s is None or len(frames) >= self.chunks[0]:
             return True
-        lead = self._leads.get(slot)
-        return lead is None or lead.turn != frames[0].turn or lead.lead_s(now, self.frame_s) <= self.hold_lead_s
+        return lead.lead_s(now, self.frame_s) <= self.hold_lead_s
 
     def _next_deadline(self) -> float | None:
         """Seconds until the first held stream's lead falls to hold_lead_s (None: nothing
@@ -210,14 +229,16 @@ class CodecWorker:
         now = self.clock()
         if any(self._due(slot, frames, now) for slot, frames in self._held.items()):
             return 0.0
+        if self.hold_lead_s is None:  # only turns' first frames are held: their next frame or end comes
+            return None
         waits = [
             lead.lead_s(now, self.frame_s) - self.hold_lead_s
-            for slot in self._held
-            if (lead := self._leads.get(slot)) is not None
+            for slot, frames in self._held.items()
+            if (lead := self._started(slot, frames)) is not None
         ]
-        # (held frames always have a lead once decoding began; should one not, poll
-        # rather than block with frames in hand)
-        return max(0.0, min(waits, default=0.05))
+        # None: every held frame is a turn's first, waiting for more frames or its end,
+        # both of which come through the queue
+        return max(0.0, min(waits)) if waits else None
 
     def _decode_due(self, now: float) -> None:
         """One round: the next chunk of every stream that is due, then back to the queue.

@@ -67,6 +67,9 @@ class EngineConfig:
     # the most frames of one stream in one codec call (1, 2, 4, 8 or 16); held frames go
     # out in chunks up to this size (engine/codec_worker.py)
     codec_max_chunk: int = CHUNKS[0]
+    # frames a turn's first audio waits for (1, or a chunk size up to codec_max_chunk): 2
+    # gives a real-time player two frames of audio to play while the third is made
+    codec_first_frames: int = 1
 
     def __post_init__(self) -> None:
         if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
@@ -74,6 +77,9 @@ class EngineConfig:
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
             raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
         chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
+        if self.codec_first_frames not in chunk_sizes(self.codec_max_chunk):
+            raise ValueError(f"codec_first_frames must be one of {chunk_sizes(self.codec_max_chunk)}, "
+                             f"got {self.codec_first_frames}")
         if self.kv_quant not in KV_QUANTS:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
 
@@ -150,7 +156,7 @@ class Engine:
                              kv_quant=c.kv_quant)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
-                                 max_chunk=c.codec_max_chunk)
+                                 max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                         "held back to be decoded in larger chunks (negative: never hold)")
     p.add_argument("--codec-max-chunk", type=int, default=CHUNKS[0], choices=CHUNK_CHOICES,
                    help="most frames of one stream per codec call (larger: less GPU per frame, more held back)")
+    p.add_argument("--codec-first-frames", type=int, default=1, choices=(1, 2, 4),
+                   help="frames a turn's first audio waits for (2: one more decode step before the first audio, "
+                        "two frames of audio for the player to start on); at most --codec-max-chunk")
     p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
     p.add_argument("--max-len", type=int, default=4096, help="KV positions per stream")
     p.add_argument("--voice-cache-mb", type=int, default=1024, help="device memory for cached voice prefixes")
@@ -75,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--ignore-end", action="store_true",
                    help="fixed-length mode: never sample end-of-speech, every segment is max_new_tokens frames (random-weight benchmarks)")
     a = p.parse_args(argv)
+    if a.codec_first_frames > a.codec_max_chunk:
+        p.error(f"--codec-first-frames {a.codec_first_frames} is more than --codec-max-chunk {a.codec_max_chunk}")
     keys = set(a.api_key) | {k.strip() for k in os.environ.get("REALTIME_API_KEYS", "").split(",") if k.strip()}
     return ServiceConfig(
         host=a.host,
@@ -87,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
+            codec_first_frames=a.codec_first_frames,
         ),
         limits=Limits(
             max_message_bytes=int(a.max_message_mb * 2**20), max_text_chars=a.max_text_chars,

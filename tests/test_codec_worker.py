@@ -142,3 +142,41 @@ def test_service_flags_set_the_codec_policy():
     assert (parse_args([]).engine.codec_max_chunk, parse_args([]).engine.codec_hold_lead_s) == (CHUNKS[0], 0.3)
     with pytest.raises(SystemExit):
         parse_args(["--codec-max-chunk", "5"])
+
+
+@pytest.mark.parametrize("hold", [0.3, None])
+def test_a_turns_first_audio_waits_for_first_frames(codec, hold):
+    """With first_frames 2 a turn's first audio is two frames (one call), later frames
+    follow the usual policy, and a one-frame turn still goes out at its segment end."""
+    worker = CodecWorker(codec, 2, hold_lead_s=hold, first_frames=2)
+    clock = [1000.0]
+    worker.clock = lambda: clock[0]
+    hop = codec.hop_length
+    listener = Listener()
+    codes = np.random.default_rng(4).integers(0, 64, (6, codec.num_codebooks))
+    worker._process([_Frame(listener, 0, 1, codes[0])])
+    assert listener.chunks == [] and worker._next_deadline() is None  # waits for the second frame, no timer
+    worker._process([_Frame(listener, 0, 1, codes[1])])
+    assert listener.chunks == [2 * hop] and worker.calls == 1
+    worker._process([_Frame(listener, 0, 1, codes[2])])  # 93 ms ahead, under the hold lead: at once
+    assert listener.chunks == [2 * hop, hop]
+    worker._process([_End(listener, 0, 1, "end")])
+    worker._process([_Frame(listener, 0, 2, codes[3])])  # the next turn waits again
+    assert sum(listener.chunks) == 3 * hop
+    worker._process([_End(listener, 0, 2, "end")])  # ... unless it ends first
+    assert sum(listener.chunks) == 4 * hop and listener.ends == ["end", "end"]
+
+
+def test_first_frames_must_be_a_chunk_size():
+    from realtime.config import parse_args
+
+    with pytest.raises(ValueError, match="first audio"):
+        CodecWorker(load_bundle("tiny", "cpu", torch.float32).codec, 2, first_frames=3)
+    with pytest.raises(ValueError, match="codec_first_frames"):
+        EngineConfig(codec_max_chunk=2, codec_first_frames=4)
+    assert parse_args(["--codec-first-frames", "2"]).engine.codec_first_frames == 2
+    assert parse_args([]).engine.codec_first_frames == 1
+    with pytest.raises(SystemExit):
+        parse_args(["--codec-first-frames", "4", "--codec-max-chunk", "2"])
+    with pytest.raises(SystemExit):
+        parse_args(["--codec-first-frames", "3"])
