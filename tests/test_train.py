@@ -346,6 +346,86 @@ def test_codec_export_loads_and_decodes_like_training(tmp_path: Path):
     assert torch.allclose(loaded.decode(vq.codes), y_train, atol=1e-5)
 
 
+def test_best_keeper_keeps_rolls_back_to_and_ends_on_the_best_parameters():
+    from engine.train.best import BestKeeper
+
+    trainer = _codec_trainer()
+    keeper = BestKeeper(rollback_ratio=1.3, end_ratio=1.05)
+    assert keeper.observe(100, 0.50, trainer) == "best"
+    assert keeper.observe(150, 0.40, trainer) == "best"
+    best = {k: v.clone() for k, v in trainer.state_dict().items()}
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(1.0)  # the run moves on (and goes wrong)
+    assert keeper.observe(200, 0.45, trainer) is None  # worse, within the noise: kept going
+    assert not any(torch.equal(v, best[k]) for k, v in trainer.state_dict().items() if v.is_floating_point())
+    assert keeper.observe(250, 0.60, trainer) == "rollback" and keeper.rollbacks == 1
+    assert all(torch.equal(v, best[k]) for k, v in trainer.state_dict().items())
+    assert keeper.best_step == 150 and not keeper.finish(0.41, trainer)  # within 5% of the best: ends where it is
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.mul_(0.5)
+    assert keeper.finish(0.55, trainer)
+    assert all(torch.equal(v, best[k]) for k, v in trainer.state_dict().items())
+
+
+def _tone_data(folder: Path, rate: int, n: int = 6, seconds: float = 1.0) -> None:
+    """A teacher-data folder (Ogg Opus shard + manifest, the layout datagen writes) of
+    gliding tones with a syllable-like envelope."""
+    pytest.importorskip("av")
+    from engine.train.opus_io import OggOpusWriter
+
+    (folder / "shards").mkdir(parents=True)
+    writer = OggOpusWriter(folder / "shards/00000.ogg", rate)
+    rows, pos, t = [], 0, np.arange(int(seconds * rate)) / rate
+    for i in range(n):
+        f0 = 150 + 40 * i
+        x = 0.3 * np.sin(2 * np.pi * (f0 * t + 60 * t * t)) * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t)) ** 2
+        writer.write(x.astype(np.float32))
+        rows.append({"id": f"u{i}", "speaker": i % 2, "text": "x", "split": "train", "shard": "shards/00000.ogg",
+                     "start": pos, "samples": x.size, "rate": rate})
+        pos += x.size
+    writer.close()
+    (folder / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path: Path, monkeypatch):
+    """The whole training loop on a small data folder. From step 40 the learning rate is
+    made far too high (what a diverging run looks like): the run goes back to its best
+    parameters, and ends on them rather than on the diverged ones."""
+    from engine.train import codec_train
+
+    _tone_data(tmp_path / "audio", CODEC.sample_rate)
+    real_lr = codec_train.lr_at
+    monkeypatch.setattr(codec_train, "lr_at", lambda step, *a, **k: 0.5 if step >= 40 else real_lr(step, *a, **k))
+    cfg = codec_train.CodecTrainConfig(batch=2, segment_seconds=0.25, lr=3e-3, warmup=5, phone_weight=0.0,
+                                       rollback_ratio=1.3)
+    result = codec_train.train([tmp_path / "audio"], tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1,
+                               max_steps=70, moments=False, log_every=5)
+    rows = [json.loads(line) for line in (tmp_path / "run/log.jsonl").read_text().splitlines()]
+    assert result["step"] == 70 and result["rollbacks"] >= 1
+    assert any("rolled_back_to" in r for r in rows)
+    windows = [r["window_mel"] for r in rows if "window_mel" in r and r["step"] > 5]
+    best = min(windows)
+    assert result["best_step"] < 45 and max(windows) > 1.3 * best
+    ended = [r for r in rows if "ended_on_best_step" in r]
+    assert ended == [] or ended[0]["ended_on_best_step"] == result["best_step"]
+    codec, step = codec_train.load_trained(tmp_path / "run")  # the saved state: the best parameters
+    x = _crops(tmp_path / "audio")
+    with torch.no_grad():
+        y = codec.decode(codec.encode(x))[:, : x.shape[-1]]
+    mel = ReconstructionLoss(CODEC.sample_rate).mel(y, x).item()
+    diverged = min(r["window_mel"] for r in rows if "rolled_back_to" in r)
+    assert step == 70 and mel < (best + diverged) / 2, (mel, best, diverged)  # nearer the best than the diverged
+
+
+def _crops(folder: Path) -> torch.Tensor:
+    from engine.train.audio_data import AudioSet, CropSampler
+
+    data = AudioSet([folder], CODEC.sample_rate, ("train",))
+    return CropSampler(data, 2048, "cpu", seed=5).batch(4)
+
+
 def test_codebooks_seeded_from_data_use_many_codes():
     trainer = _codec_trainer()
     x = torch.randn(4, 16 * CODEC.hop_length) * 0.1

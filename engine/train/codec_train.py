@@ -40,6 +40,7 @@ import torch
 from engine.codec.config import CodecConfig
 from engine.codec.model import Codec
 from engine.train import checkpoints
+from engine.train.best import BestKeeper
 from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_, use_fused_snake_
 from engine.train.codec_losses import ReconstructionLoss, snr_db
 from engine.train.phone_targets import NUM_CLASSES
@@ -73,6 +74,11 @@ class CodecTrainConfig:
     # Snake and its gradient as one Triton pass each (codec_forward.use_fused_snake_); off
     # until a GPU profile shows the gain (`--profile-steps`)
     fused_snake: bool = False
+    # the best parameters by the mel L1 of each log window (engine/train/best.py): a window
+    # above best * rollback_ratio puts them back (0: never), and with keep_best the run
+    # ends on them when its last window is worse by more than 5%
+    keep_best: bool = True
+    rollback_ratio: float = 1.3
 
 
 def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
@@ -157,6 +163,9 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     logged_step = step  # the step of the last log row (or of the start): steps_per_s over the real count
     trainer.train()
     profiling = StepProfile(out / "profile.txt", step + 3, profile_steps, device) if profile_steps > 0 else None
+    keeper = BestKeeper(rollback_ratio=cfg.rollback_ratio)
+    window_mel, window_steps, last_window = torch.zeros((), device=device), 0, None
+    observe_from = (step if rewarm is not None else 0) + cfg.warmup  # past the (re-)warm-up, where the mel only falls
     while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
         if profiling is not None:
             profiling.at(step)
@@ -172,6 +181,8 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         grad = torch.nn.utils.clip_grad_norm_(trainer.parameters(), cfg.grad_clip)
         optimizer.step()
         step += 1
+        window_mel += terms["mel"].detach()  # on the device: read at the log step only
+        window_steps += 1
         logging = step % log_every == 0 or step == 1
         perplexity = trainer.perplexity() if logging else None  # usage since the last restart check
         restarted = trainer.restart_dead_codes()
@@ -183,6 +194,16 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
                        steps_per_s=round((step - logged_step) / (time.perf_counter() - t_log), 2),
                        minutes=round(clock.minutes, 2))
             t_log, logged_step = time.perf_counter(), step
+            last_window = float(window_mel) / window_steps
+            window_mel.zero_()
+            window_steps = 0
+            row["window_mel"] = round(last_window, 5)
+            if (cfg.keep_best or cfg.rollback_ratio > 0) and step > observe_from:
+                if keeper.observe(step, last_window, trainer) == "rollback":
+                    # diverging: back to the best parameters, fresh moments, a short re-warm
+                    optimizer.state.clear()
+                    rewarm = step
+                    row["rolled_back_to"] = keeper.best_step
             history.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
@@ -190,8 +211,14 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         if time.perf_counter() - last_save > save_minutes * 60:
             _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock, half_params)
             last_save = time.perf_counter()
+    if cfg.keep_best and keeper.finish(last_window, trainer):
+        ended = {"ended_on_best_step": keeper.best_step, "best_window_mel": round(keeper.best, 5),
+                 "last_window_mel": round(last_window, 5), "at_step": step}
+        log.write(json.dumps(ended) + "\n")
+        print(json.dumps(ended), file=sys.stderr, flush=True)
     _save(state_dir, trainer, optimizer, step, config, cfg, moments, clock, half_params)
-    return {"step": step, "history": history}
+    log.flush()
+    return {"step": step, "history": history, "best_step": keeper.best_step, "rollbacks": keeper.rollbacks}
 
 
 class StepProfile:
