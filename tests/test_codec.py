@@ -3,6 +3,7 @@ its errors, streaming decode == whole decode, and the presets' shapes."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -356,6 +357,32 @@ def test_istft_decoder_is_causal_and_loads_from_its_config(tmp_path):
     assert torch.allclose(loaded.decode(codes), a, atol=1e-6)
     with pytest.raises(ValueError, match="decoder_kind"):
         codec_preset("tiny", decoder_kind="vocos")
+
+
+def test_stft_encoder_is_causal_and_loads_from_its_config(tmp_path):
+    """The "stft" encoder: a latent frame never depends on later samples, encode gives one
+    code frame per hop, and a codec.pth + codec_config.json of it encodes the same."""
+    from engine.codec.loader import CONFIG_FILE, load_codec
+
+    config = codec_preset("tiny", encoder_kind="stft", encoder_layers=2, stft_window=4)
+    codec = random_codec(config)
+    enc_hop = math.prod(config.encoder_rates)
+    x = 0.1 * torch.randn(1, 1, 12 * enc_hop, generator=torch.Generator().manual_seed(3))
+    later = x.clone()
+    later[..., 7 * enc_hop:] += 0.2  # samples from hop 7 on differ
+    with torch.no_grad():
+        a, b = codec.encoder(x), codec.encoder(later)
+    assert a.shape == (1, config.latent_dim, 12)
+    assert torch.equal(a[..., :7], b[..., :7]) and not torch.allclose(a[..., 7:], b[..., 7:])
+    audio = 0.1 * torch.randn(2, 3 * codec.hop_length)
+    codes = codec.encode(audio)
+    assert codes.shape == (2, codec.num_codebooks, 3)
+    torch.save(codec.state_dict(), tmp_path / "codec.pth")
+    (tmp_path / CONFIG_FILE).write_text(config.to_json())
+    loaded = load_codec(tmp_path / "codec.pth")
+    assert loaded.config.encoder_kind == "stft" and torch.equal(loaded.encode(audio), codes)
+    with pytest.raises(ValueError, match="encoder_kind"):
+        codec_preset("tiny", encoder_kind="mel")
 
 
 def test_tiny_preset_round_trip_shapes():

@@ -214,11 +214,16 @@ def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
 # --- codec --------------------------------------------------------------------------------
 
 def _codec_trainer(decoder_kind: str = "dac") -> CodecTrainer:
-    config = CODEC if decoder_kind == "dac" else dataclasses.replace(CODEC, decoder_kind=decoder_kind, decoder_layers=2)
+    """decoder_kind "dac", "istft", or "istft+stft" (the istft decoder with the stft encoder)."""
+    config = CODEC
+    if decoder_kind != "dac":
+        config = dataclasses.replace(config, decoder_kind="istft", decoder_layers=2)
+    if decoder_kind.endswith("+stft"):
+        config = dataclasses.replace(config, encoder_kind="stft", encoder_layers=1)
     return CodecTrainer(add_weight_norm_(init_codec_(Codec(config))), quantizer_dropout=0.0)
 
 
-@pytest.mark.parametrize("decoder_kind", ["dac", "istft"])
+@pytest.mark.parametrize("decoder_kind", ["dac", "istft", "istft+stft"])
 def test_codec_training_step_lowers_the_loss_on_a_fixed_batch(decoder_kind):
     from engine.train.codec_train import loss_terms
 
@@ -330,18 +335,19 @@ def test_utterance_batches_all_have_one_length():
         assert int(frames.max()) * CODEC.hop_length <= x.shape[1]
 
 
-def test_codec_export_loads_and_decodes_like_training(tmp_path: Path):
+@pytest.mark.parametrize("decoder_kind", ["dac", "istft", "istft+stft"])
+def test_codec_export_loads_and_decodes_like_training(tmp_path: Path, decoder_kind):
     from engine.codec.loader import load_codec
     from engine.train.codec_train import export
 
-    trainer = _codec_trainer().eval()
+    trainer = _codec_trainer(decoder_kind).eval()
     x = torch.randn(1, 3 * CODEC.hop_length) * 0.1
     with torch.no_grad():
         y_train, vq = trainer(x)
     codec = fold_weight_norm_(trainer.codec)
     export(codec, tmp_path, torch.float32)
     loaded = load_codec(tmp_path / "codec.pth")
-    assert loaded.config == CODEC
+    assert loaded.config == trainer.codec.config
     assert torch.equal(loaded.encode(x), vq.codes)
     assert torch.allclose(loaded.decode(vq.codes), y_train, atol=1e-5)
 

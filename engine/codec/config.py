@@ -18,6 +18,7 @@ MIN_SAMPLE_RATE = 8_000
 MAX_SAMPLE_RATE = 192_000
 
 DECODER_KINDS = ("dac", "istft")
+ENCODER_KINDS = ("dac", "stft")
 
 # Upstream sizes the encoder transformer's heads as `dim // 64` whatever its head_dim is.
 ENCODER_HEAD_DIVISOR = 64
@@ -32,6 +33,14 @@ class CodecConfig:
     encoder_transformer_layers: tuple[int, ...] = (0, 0, 0, 4)  # per encoder block
     encoder_transformer_window: int = 512  # frames at the encoder rate (hop 512)
     encoder_transformer_head_dim: int = 64
+    # "dac": the strided conv encoder above (the release's). "stft": an experiment for small
+    # codecs: each hop's log-magnitude spectrum (a causal window of stft_window hops) ->
+    # `encoder_layers` ConvNeXt blocks at the encoder rate, as wide as the conv encoder's
+    # last block (encoder_dim * 2 ** len(encoder_rates)): the encoder starts from the
+    # spectrum the loss compares instead of learning it from samples
+    encoder_kind: str = "dac"
+    encoder_layers: int = 2
+    stft_window: int = 4
     # width of the encoder output, the quantizer input and the decoder input (upstream
     # requires the three to agree, so it is one field)
     latent_dim: int = 1024
@@ -90,6 +99,9 @@ class CodecConfig:
                f"decoder_rates {self.decoder_rates} must upsample by the encoder's "
                f"{math.prod(self.encoder_rates)}")
         _check(self.decoder_kind in DECODER_KINDS, f"decoder_kind must be one of {DECODER_KINDS}")
+        _check(self.encoder_kind in ENCODER_KINDS, f"encoder_kind must be one of {ENCODER_KINDS}")
+        _check(self.encoder_layers > 0 and 1 <= self.stft_window <= 16,
+               "encoder_layers must be > 0 and stft_window in 1..16 hops")
         _check(self.decoder_kind != "dac" or self.decoder_dim % 2 ** len(self.decoder_rates) == 0,
                f"decoder_dim {self.decoder_dim} must halve {len(self.decoder_rates)} times")
         _check(self.decoder_layers > 0 and 1 <= self.istft_window <= 16,

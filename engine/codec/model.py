@@ -68,6 +68,36 @@ class Encoder(nn.Module):
         return self.block(x)
 
 
+class SpectralEncoder(nn.Module):
+    """The "stft" encoder (CodecConfig.encoder_kind): for each hop of prod(encoder_rates)
+    samples, the log-magnitude spectrum of the window of stft_window hops that ends with
+    it (zeros before the start: causal, as the conv encoder is), then a k=1 conv to the
+    width, `encoder_layers` ConvNeXt blocks, and a k=3 causal conv to the latent. Not in
+    upstream's family of checkpoints: an option for the small embedded codec."""
+
+    def __init__(self, config: CodecConfig) -> None:
+        super().__init__()
+        self.hop = math.prod(config.encoder_rates)
+        self.n_fft = self.hop * config.stft_window
+        width = config.encoder_dim * 2 ** len(config.encoder_rates)
+        self.block = nn.Sequential(
+            CausalConv1d(self.n_fft // 2 + 1, width, kernel_size=1),
+            *[ConvNeXtBlock(width) for _ in range(config.encoder_layers)],
+            CausalConv1d(width, config.latent_dim, kernel_size=3),
+        )
+
+    def spectrum(self, x: Tensor) -> Tensor:
+        """[B, 1, T] (T a multiple of the hop) -> log-magnitudes [B, n_fft / 2 + 1, T / hop], fp32."""
+        samples = F.pad(x[:, 0].float(), (self.n_fft - self.hop, 0))
+        frames = samples.unfold(-1, self.n_fft, self.hop)  # [B, T / hop, n_fft]
+        window = torch.hann_window(self.n_fft, periodic=True, device=x.device)
+        return torch.fft.rfft(frames * window).abs().clamp(min=1e-5).log().mT
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: [B, 1, T] -> [B, latent, T / prod(encoder_rates)]
+        return self.block(self.spectrum(x).to(x.dtype))
+
+
 class DecoderBlock(nn.Module):
     """Snake -> causal transposed conv (k = 2 * stride) -> 3 residual units.
     (Upstream also builds a transformer here but never calls it; it has no weights.)"""
@@ -129,7 +159,7 @@ class Codec(nn.Module):
         super().__init__()
         self.config = config
         self.decoder_only = decoder_only
-        self.encoder = None if decoder_only else Encoder(config)
+        self.encoder = None if decoder_only else (Encoder if config.encoder_kind == "dac" else SpectralEncoder)(config)
         self.quantizer = DownsampleQuantizer(config, encoder=not decoder_only)
         self.decoder = Decoder(config) if config.decoder_kind == "dac" else SpectralDecoder(config)
 
