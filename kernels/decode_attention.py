@@ -28,8 +28,10 @@ so nothing is dequantized through memory and the kernel reads 0.56x the bytes. A
 launch choices first used (Triton's default warps) it was not faster for that: on an
 H200 the batch-64 step at context 1000 took 10.57 ms against 9.96 with the bf16 cache
 (kernels/FP8_NOTES.md). With two warps and three stages (`launch_choice`) the kernel
-alone reads the FP8 cache in 63.3 us against the bf16 cache's 68.2 at its best choice. fp16 holds values up to 65504 and scales down to 2^-24 exactly, far outside what
-attention values reach; a head of values all below ~1e-5 would read as zeros.
+alone reads the FP8 cache in 63.3 us against the bf16 cache's 68.2 at its best choice,
+and the batch-64 step takes 9.45 ms against 9.77. fp16 holds values up to 65504 and
+scales down to 2^-24 exactly, far outside what attention values reach; a head of values
+all below ~1e-5 would read as zeros.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class Launch:
     num_stages: int | None = None
 
 
-# Where batch x KV heads alone fill the SMs twice over (132 on an H200), longer splits
+# Where batch x KV heads alone fill the SMs about twice over (132 on an H200), longer splits
 # and fewer warps win. Measured with `latency_bench.attention_bench` on an H200 (batch 64,
 # context 1000, S2-Pro heads, 2026-12-01, latency_bench/reference/h200-s2pro/
 # attention_bench.json): bf16 cache 68.2 us against 76-77 for (256, 64, defaults); FP8

@@ -17,9 +17,12 @@
 #   F: C with scripts/voice/codec-istft.json (decoder_kind "istft": 6 ConvNeXt blocks of
 #      256 at the latent rate and a spectral head, inverse FFT + overlap-add; 7.5M in all,
 #      the budget): a decoder whose output is the spectrum the loss compares
-# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "D F": compare them with C's
-# curve from 2026-12-01, run-2026-12-01/codec_log-abc-C.jsonl and codec_log-C-resume.jsonl,
-# at equal steps; add C to re-run it beside them), and each arm's
+#   G: F with the "stft" encoder too (scripts/voice/codec-istft-stft.json: each hop's
+#      log-magnitude spectrum -> 2 ConvNeXt blocks of 256; 7.55M in all): an encoder that
+#      starts from the spectrum instead of learning it from samples
+# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "F G": compare them at equal
+# steps; F's curve from 2026-12-01 is run-2026-12-01/codec_log-abc2-F.jsonl, and C's
+# codec_log-abc-C.jsonl + codec_log-C-resume.jsonl), and each arm's
 # training state (fp16 parameters, no moments) as state-<arm>.tar.part-* pieces of at
 # most 15 MB (the device tool returns 8 files of at most 16 MiB), so the best arm can be
 # resumed in the next call: cat the pieces | tar -x -C .carry/codec-<arm>
@@ -30,7 +33,7 @@ MINUTES=${MINUTES:-7}
 # the learning-rate schedule is planned over TOTAL_MINUTES, so the best arm can go on in
 # a second call (gpu_codec.sh with STATE and the same TOTAL_MINUTES) without a re-warm
 # from the top
-ARMS=${ARMS:-D F}
+ARMS=${ARMS:-F G}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 AUDIO=${AUDIO:-.carry/voice/audio}
 export PYTHONUNBUFFERED=1 OPUS_LIBRARY=$PWD/.carry/lib/libopus.so.0
@@ -43,6 +46,7 @@ arm_args() {
     D) echo "--set lr=1e-3 --set warmup=200 --set bypass_quantizer=1" ;;
     E) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-wide-decoder.json" ;;
     F) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-istft.json" ;;
+    G) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-istft-stft.json" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
