@@ -76,9 +76,9 @@ class EngineConfig:
             raise ValueError("max_running >= 1, max_queued >= 0 and max_len >= 64 are required")
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
             raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
-        chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
-        if self.codec_first_frames not in chunk_sizes(self.codec_max_chunk):
-            raise ValueError(f"codec_first_frames must be one of {chunk_sizes(self.codec_max_chunk)}, "
+        chunks = chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
+        if self.codec_first_frames not in chunks:
+            raise ValueError(f"codec_first_frames must be one of {chunks} (at most codec_max_chunk), "
                              f"got {self.codec_first_frames}")
         if self.kv_quant not in KV_QUANTS:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")

@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                         "held back to be decoded in larger chunks (negative: never hold)")
     p.add_argument("--codec-max-chunk", type=int, default=CHUNKS[0], choices=CHUNK_CHOICES,
                    help="most frames of one stream per codec call (larger: less GPU per frame, more held back)")
-    p.add_argument("--codec-first-frames", type=int, default=1, choices=(1, 2, 4),
+    p.add_argument("--codec-first-frames", type=int, default=1, choices=CHUNK_CHOICES,
                    help="frames a turn's first audio waits for (2: one more decode step before the first audio, "
                         "two frames of audio for the player to start on); at most --codec-max-chunk")
     p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
@@ -78,9 +78,14 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--ignore-end", action="store_true",
                    help="fixed-length mode: never sample end-of-speech, every segment is max_new_tokens frames (random-weight benchmarks)")
     a = p.parse_args(argv)
-    if a.codec_first_frames > a.codec_max_chunk:
-        p.error(f"--codec-first-frames {a.codec_first_frames} is more than --codec-max-chunk {a.codec_max_chunk}")
     keys = set(a.api_key) | {k.strip() for k in os.environ.get("REALTIME_API_KEYS", "").split(",") if k.strip()}
+    try:  # the configs validate their fields together; a bad combination is a usage error
+        return _service_config(a, keys)
+    except ValueError as e:
+        p.error(str(e))
+
+
+def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
     return ServiceConfig(
         host=a.host,
         port=a.port,
