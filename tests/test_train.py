@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.codec.config import CodecConfig
 from engine.codec.model import Codec
@@ -242,6 +243,52 @@ def test_codec_training_step_lowers_the_loss_on_a_fixed_batch(decoder_kind):
         opt.step()
         history.append((float(terms["loss"].detach()), float(terms["mel"].detach())))
     assert history[-1][0] < 0.9 * history[0][0] and history[-1][1] < history[0][1]
+
+
+def test_head_spectrum_target_reconstructs_the_signal_through_the_head():
+    """The head-spectrum loss's target (codec_losses.frame_log_magnitude) is the magnitude
+    the istft head must output: given it, with the target's own phase, the head's inverse
+    FFT, window and overlap-add give back the signal (once every window over a hop is in),
+    so the loss and the audio losses ask for the same thing. A wrong gain or a frame
+    shifted by a hop fails this."""
+    from engine.codec.layers import SpectralHead
+    from engine.train.codec_losses import frame_log_magnitude
+
+    hop, hops = 64, 4
+    head = SpectralHead(8, hop, hops)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40 * hop, generator=g) * 0.3
+    n_fft = hop * hops
+    frames = F.pad(x, (0, n_fft - hop)).unfold(-1, n_fft, hop)
+    phase = torch.angle(torch.fft.rfft(frames * torch.hann_window(n_fft, periodic=True)))
+    log_magnitude = frame_log_magnitude(x, n_fft, hop, head.output_gain)
+    y = head(torch.zeros(2, 8, 40), (log_magnitude, phase))[:, 0]
+    inside = slice((hops - 1) * hop, -(hops - 1) * hop)
+    assert torch.allclose(y[:, inside], x[:, inside], atol=1e-4)
+
+
+def test_head_spectrum_loss_trains_the_istft_head():
+    """CodecTrainConfig.head_spectrum_weight: a term `head` in the loss, falling over a few
+    steps on a fixed batch; an error naming the decoder kind for a DAC decoder."""
+    from engine.train.codec_train import loss_terms
+
+    losses_ = ReconstructionLoss(CODEC.sample_rate, mel_windows=(32, 64), mel_bands=(5, 10), stft_windows=(64,))
+    t = torch.arange(64 * CODEC.hop_length) / CODEC.sample_rate
+    x = 0.4 * torch.sin(2 * math.pi * torch.tensor([[220.0], [330.0]]) * t)
+    trainer = _codec_trainer("istft+stft")
+    # the fresh head outputs log-magnitude ~0, nats above the target's: a high rate, and
+    # a steady fall rather than a ratio
+    opt = torch.optim.AdamW(trainer.parameters(), lr=3e-2)
+    heads = []
+    for _ in range(8):
+        terms = loss_terms(trainer, losses_, x, head_spectrum_weight=1.0)
+        opt.zero_grad()
+        terms["loss"].backward()
+        opt.step()
+        heads.append(float(terms["head"].detach()))
+    assert all(b < a for a, b in zip(heads, heads[1:])) and heads[-1] < heads[0] - 0.1
+    with pytest.raises(ValueError, match="istft"):
+        loss_terms(_codec_trainer("dac"), losses_, x, head_spectrum_weight=1.0)
 
 
 def test_bypassed_quantizer_decodes_the_unquantized_latent():
@@ -794,3 +841,35 @@ def test_step_profile_writes_the_profiled_steps_table(tmp_path: Path):
     text = (tmp_path / "profile.txt").read_text()
     assert text.startswith("steps 1..2") and "aten::mm" in text
     assert prof.prof is None  # closed after its window
+
+
+# --- pitch and excitation (scripts/voice/phase_probe.py) ----------------------------------
+
+def test_track_f0_finds_the_pitch_of_a_pulse_train_and_no_pitch_in_noise():
+    from engine.train.pitch import track_f0
+
+    rate, hop = 22050, 256
+    t = torch.arange(rate) / rate
+    buzz = sum(torch.sin(2 * math.pi * 150.0 * k * t) / k for k in range(1, 20))
+    hiss = torch.randn(rate, generator=torch.Generator().manual_seed(0))
+    f0, voiced = track_f0(torch.stack([buzz, hiss]) * 0.3, rate, hop)
+    inner = slice(4, -4)
+    assert voiced[0, inner].all() and (f0[0, inner] - 150.0).abs().max() < 2.0
+    assert voiced[1].float().mean() < 0.1
+
+
+def test_pulse_grains_are_cut_from_one_continuous_source():
+    """Consecutive grains agree where they overlap (phase carried across frames), each
+    grain has unit power, and the streaming state (the phase after the last frame)
+    continues the same source."""
+    from engine.train.excitation import frame_phases, pulse_grains
+
+    rate, hop, window = 22050, 256, 1024
+    f0 = torch.full((6,), 123.0)
+    starts, end = frame_phases(f0, rate, hop)
+    grains = pulse_grains(f0, starts, rate, window, offset=0)
+    assert torch.allclose(grains[0, hop:], grains[1, :-hop], atol=1e-3)
+    assert abs(float(grains.pow(2).mean()) - 1.0) < 0.05
+    later, _ = frame_phases(f0[:3], rate, hop, phase0=end)
+    again, _ = frame_phases(torch.full((9,), 123.0), rate, hop)
+    assert torch.allclose(torch.cos(later), torch.cos(again[6:]), atol=1e-4)

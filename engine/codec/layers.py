@@ -123,22 +123,37 @@ class SpectralHead(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.proj = nn.Linear(dim, self.n_fft + 2)
 
-    def frames(self, x: Tensor) -> Tensor:
-        """[B, dim, T] -> each frame's windowed waveform [B, T, window_hops, hop], fp32."""
-        B, _, T = x.shape
+    def spectrum(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """[B, dim, T] -> each frame's (log-magnitude, phase) [B, T, n_fft // 2 + 1], fp32,
+        the log-magnitude clamped as synthesis uses it."""
         h = self.proj(self.norm(x.mT)).float()
         bins = self.n_fft // 2 + 1
-        magnitude = torch.exp(h[..., :bins].clamp(max=LOG_MAGNITUDE_MAX))
-        wave = torch.fft.irfft(torch.polar(magnitude, h[..., bins:]), n=self.n_fft)
+        return h[..., :bins].clamp(max=LOG_MAGNITUDE_MAX), h[..., bins:]
+
+    def frames(self, x: Tensor, spectrum: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """[B, dim, T] -> each frame's windowed waveform [B, T, window_hops, hop], fp32
+        (from `spectrum`, this head's output for x, when the caller has it already)."""
+        B, _, T = x.shape
+        log_magnitude, phase = self.spectrum(x) if spectrum is None else spectrum
+        wave = torch.fft.irfft(torch.polar(torch.exp(log_magnitude), phase), n=self.n_fft)
         # made per call, not a buffer: checkpoints load onto the meta device, which a
         # non-persistent buffer would never leave. Hann windows overlap-added at this hop
         # sum to window_hops / 2: scaled so that they sum to 1
         window = torch.hann_window(self.n_fft, periodic=True, device=x.device) * (2.0 / self.window_hops)
         return (wave * window).view(B, T, self.window_hops, self.hop)
 
-    def forward(self, x: Tensor) -> Tensor:
-        audio, _ = overlap_add(self.frames(x), None)
+    def forward(self, x: Tensor, spectrum: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        audio, _ = overlap_add(self.frames(x, spectrum), None)
         return audio[:, None].to(x.dtype)
+
+    @property
+    def output_gain(self) -> float:
+        """What overlap-add of this head's synthesis windows does to a frame spectrum taken
+        with a Hann analysis window: hann^2 summed over window_hops shifts is 3/8 x
+        window_hops (on average at 2 hops), times the synthesis scale 2 / window_hops: 0.75.
+        A target spectrum divided by it reconstructs the signal when the phase is right
+        (training's head-spectrum loss, engine/train/codec_losses.frame_log_magnitude)."""
+        return 0.75
 
 
 def overlap_add(frames: Tensor, tail: Tensor | None) -> tuple[Tensor, Tensor]:

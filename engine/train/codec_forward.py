@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations, parametrize
 
-from engine.codec.model import Codec
+from engine.codec.model import Codec, SpectralDecoder
 from engine.codec.quantizer import VectorQuantizer
 from engine.train.phone_targets import BLANK
 
@@ -32,6 +32,8 @@ class VQOut:
     codebook: Tensor
     entropy: Tensor  # usage loss: per-latent entropy minus batch entropy of soft assignments
     spread: Tensor  # squared norm of the mean normalized latent (0: directions spread evenly)
+    # the "istft" head's log-magnitude [B, frames, bins] (None for other decoders)
+    head_log_magnitude: Tensor | None = None
 
 
 ENTROPY_TEMPERATURE = 0.05  # on cosine similarities in [-1, 1]
@@ -184,8 +186,16 @@ class CodecTrainer(nn.Module):
             commitment, codebook, entropy, spread = commitment + commit, codebook + book, entropy + ent, spread + spr
         if self.bypass_quantizer:
             z_sum = z
-        y = self.codec.decoder(q.upsample(q.post_module(z_sum)))[:, 0]
-        return y, VQOut(torch.stack(codes, 1), commitment, codebook, entropy, spread)
+        decoder_in = q.upsample(q.post_module(z_sum))
+        head_log_magnitude = None
+        if isinstance(self.codec.decoder, SpectralDecoder):
+            h = self.codec.decoder.hidden(decoder_in)
+            spectrum = self.codec.decoder.head.spectrum(h)
+            head_log_magnitude = spectrum[0]
+            y = self.codec.decoder.head(h, spectrum)[:, 0]
+        else:
+            y = self.codec.decoder(decoder_in)[:, 0]
+        return y, VQOut(torch.stack(codes, 1), commitment, codebook, entropy, spread, head_log_magnitude)
 
     def _kept_codebooks(self, batch: int, device) -> Tensor:
         """Quantizer dropout: for a random `quantizer_dropout` share of the batch, decode

@@ -1,7 +1,8 @@
 """Reconstruction losses of the codec: multi-scale log-mel L1 (DAC's recipe: seven STFT
 window lengths from 32 to 2048 samples, 5 to 320 mel bands; the short windows constrain
 timing and, indirectly, phase, the long ones pitch harmonics) and a multi-resolution
-STFT loss (log magnitude L1 + spectral convergence)."""
+STFT loss (log magnitude L1 + spectral convergence); for the "istft" decoder, the head's
+own log-magnitude against the target's spectrum on the same causal frames."""
 
 from __future__ import annotations
 
@@ -62,6 +63,31 @@ class ReconstructionLoss(nn.Module):
             log_mag = F.l1_loss(torch.log(sy.clamp(min=1e-5)), torch.log(sx.clamp(min=1e-5)))
             total = total + convergence + log_mag
         return total / len(self.stft_windows)
+
+
+HEAD_FLOOR = 1e-4  # magnitudes below this (~-80 dB of full scale per bin) count as this
+
+
+def frame_log_magnitude(x: Tensor, n_fft: int, hop: int, gain: float) -> Tensor:
+    """x [B, T] (T a multiple of hop) -> log |rfft(hann * frame)| / gain of frames [t * hop,
+    t * hop + n_fft) (the "istft" head's causal frames; zeros past the end), floored at
+    HEAD_FLOOR: [B, T / hop, n_fft // 2 + 1], fp32."""
+    frames = F.pad(x.float(), (0, n_fft - hop)).unfold(-1, n_fft, hop)
+    window = torch.hann_window(n_fft, periodic=True, device=x.device)
+    return torch.log((torch.fft.rfft(frames * window).abs() / gain).clamp(min=HEAD_FLOOR))
+
+
+def head_spectrum_loss(log_magnitude: Tensor, x: Tensor, n_fft: int, hop: int, gain: float) -> Tensor:
+    """L1 between the head's log-magnitude [B, T / hop, bins] and the target's
+    (frame_log_magnitude), both floored, over the frames whose window lies inside the
+    segment (the last window_hops - 1 reach past it). The output losses judge the audio
+    after overlap-add, where a frame's magnitude counts only as far as its phase agrees
+    with its neighbours'; this one trains the magnitude directly, which is what the words
+    rest on (scripts/voice/phase_probe.py: the true magnitude with random phase keeps the
+    teacher's WER)."""
+    target = frame_log_magnitude(x, n_fft, hop, gain)
+    inside = target.shape[1] - (n_fft // hop - 1)
+    return F.l1_loss(log_magnitude[:, :inside].clamp(min=math.log(HEAD_FLOOR)), target[:, :inside])
 
 
 def snr_db(y: Tensor, x: Tensor) -> float:

@@ -42,7 +42,7 @@ from engine.codec.model import Codec
 from engine.train import checkpoints
 from engine.train.best import BestKeeper
 from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_, use_fused_snake_
-from engine.train.codec_losses import ReconstructionLoss, snr_db
+from engine.train.codec_losses import ReconstructionLoss, head_spectrum_loss, snr_db
 from engine.train.phone_targets import NUM_CLASSES
 from engine.train.presets import VOICE_CODEC
 from engine.train.schedule import Clock, lr_at
@@ -79,6 +79,9 @@ class CodecTrainConfig:
     # ends on them when its last window is worse by more than 5%
     keep_best: bool = True
     rollback_ratio: float = 1.3
+    # the "istft" decoder's head log-magnitude against the target's on the same frames
+    # (codec_losses.head_spectrum_loss); 0: off, as every run before 2026-12-02
+    head_spectrum_weight: float = 0.0
 
 
 def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
@@ -94,13 +97,20 @@ def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None)
 
 
 def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tensor,
-               entropy_weight: float = 0.1, spread_weight: float = 1.0) -> dict[str, torch.Tensor]:
+               entropy_weight: float = 0.1, spread_weight: float = 1.0,
+               head_spectrum_weight: float = 0.0) -> dict[str, torch.Tensor]:
     y, vq = trainer(x)
     terms = {"mel": losses.mel(y, x), "stft": losses.stft(y, x), "commit": vq.commitment, "codebook": vq.codebook,
              "entropy": vq.entropy, "spread": vq.spread}
     terms["loss"] = (MEL_WEIGHT * terms["mel"] + STFT_WEIGHT * terms["stft"] + COMMIT_WEIGHT * terms["commit"]
                      + CODEBOOK_WEIGHT * terms["codebook"] + entropy_weight * terms["entropy"]
                      + spread_weight * terms["spread"])
+    if head_spectrum_weight > 0:
+        if vq.head_log_magnitude is None:
+            raise ValueError("head_spectrum_weight needs the istft decoder (decoder_kind 'istft')")
+        head = trainer.codec.decoder.head
+        terms["head"] = head_spectrum_loss(vq.head_log_magnitude, x, head.n_fft, head.hop, head.output_gain)
+        terms["loss"] = terms["loss"] + head_spectrum_weight * terms["head"]
     terms["_y"] = y
     return terms
 
@@ -172,7 +182,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         x = sampler.batch(cfg.batch)
-        terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight)
+        terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight, cfg.head_spectrum_weight)
         if phones is not None:
             terms["phone"] = trainer.phone_loss(*phones.batch(cfg.phone_batch))
             terms["loss"] = terms["loss"] + cfg.phone_weight * terms["phone"]

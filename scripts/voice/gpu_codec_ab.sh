@@ -20,7 +20,10 @@
 #   G: F with the "stft" encoder too (scripts/voice/codec-istft-stft.json: each hop's
 #      log-magnitude spectrum -> 2 ConvNeXt blocks of 256; 7.55M in all): an encoder that
 #      starts from the spectrum instead of learning it from samples
-# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "F G": compare them at equal
+#   H: G with the head-spectrum loss (--set head_spectrum_weight=4: the istft head's
+#      log-magnitude against the target's on the same frames, codec_losses.
+#      head_spectrum_loss): the magnitude trained directly, not only through overlap-add
+# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "G H": compare them at equal
 # steps; F's curve from 2026-12-01 is run-2026-12-01/codec_log-abc2-F.jsonl, and C's
 # codec_log-abc-C.jsonl + codec_log-C-resume.jsonl), and each arm's
 # training state (fp16 parameters, no moments) as state-<arm>.tar.part-* pieces of at
@@ -33,7 +36,7 @@ MINUTES=${MINUTES:-7}
 # the learning-rate schedule is planned over TOTAL_MINUTES, so the best arm can go on in
 # a second call (gpu_codec.sh with STATE and the same TOTAL_MINUTES) without a re-warm
 # from the top
-ARMS=${ARMS:-F G}
+ARMS=${ARMS:-G H}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 AUDIO=${AUDIO:-.carry/voice/audio}
 export PYTHONUNBUFFERED=1 OPUS_LIBRARY=$PWD/.carry/lib/libopus.so.0
@@ -47,6 +50,7 @@ arm_args() {
     E) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-wide-decoder.json" ;;
     F) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-istft.json" ;;
     G) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-istft-stft.json" ;;
+    H) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft-stft.json" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
