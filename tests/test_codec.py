@@ -359,6 +359,31 @@ def test_istft_decoder_is_causal_and_loads_from_its_config(tmp_path):
         codec_preset("tiny", decoder_kind="vocos")
 
 
+@pytest.mark.parametrize("window, lookahead", [(4, 3), (2, 1)])
+def test_istft_lookahead_stream_lags_and_decode_is_aligned(window, lookahead):
+    """CodecConfig.istft_lookahead = L: the offline decode is the stream's audio advanced
+    by L head hops (ending on the overlap-add tail), so it lines up with the codes' audio;
+    a stream gives the same samples L hops later, in chunks of any size, and is still
+    causal: its audio up to a code frame's end never depends on a later frame."""
+    config = codec_preset("tiny", quantizer_window=WINDOW, decoder_kind="istft", decoder_layers=2,
+                          istft_window=window, istft_lookahead=lookahead)
+    codec = random_codec(config)
+    lag = lookahead * codec.decoder.head.hop
+    codes = random_codes(codec, 1, 9, seed=3)
+    ref = codec.decode(codes)
+    y = stream_in_chunks(StreamingDecoder(codec, max_streams=1), 0, codes, [2, 1, 6])
+    assert y.shape == ref.shape and ref.std() > 1e-2
+    assert (y[:, lag:] - ref[:, :-lag]).abs().max() < 1e-4
+    changed = codes.clone()
+    changed[:, :, 5:] = (changed[:, :, 5:] + 17) % 256
+    z = stream_in_chunks(StreamingDecoder(codec, max_streams=1), 0, changed, [2, 1, 6])
+    hop = codec.hop_length
+    assert (y[:, : 5 * hop] - z[:, : 5 * hop]).abs().max() < 1e-6
+    assert (y[:, 5 * hop:] - z[:, 5 * hop:]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="istft_lookahead"):
+        codec_preset("tiny", decoder_kind="istft", istft_window=window, istft_lookahead=window)
+
+
 def test_stft_encoder_is_causal_and_loads_from_its_config(tmp_path):
     """The "stft" encoder: a latent frame never depends on later samples, encode gives one
     code frame per hop, and a codec.pth + codec_config.json of it encodes the same."""

@@ -245,25 +245,27 @@ def test_codec_training_step_lowers_the_loss_on_a_fixed_batch(decoder_kind):
     assert history[-1][0] < 0.9 * history[0][0] and history[-1][1] < history[0][1]
 
 
-def test_head_spectrum_target_reconstructs_the_signal_through_the_head():
-    """The head-spectrum loss's target (codec_losses.frame_log_magnitude) is the magnitude
-    the istft head must output: given it, with the target's own phase, the head's inverse
-    FFT, window and overlap-add give back the signal (once every window over a hop is in),
-    so the loss and the audio losses ask for the same thing. A wrong gain or a frame
-    shifted by a hop fails this."""
+@pytest.mark.parametrize("hops, lookahead", [(4, 0), (4, 3), (3, 1), (2, 1), (2, 0)])
+def test_head_spectrum_target_reconstructs_the_signal_through_the_head(hops, lookahead):
+    """The head-spectrum loss's target (codec_losses.frame_log_magnitude, under the head's
+    analysis window, framed with its lookahead) is the magnitude the istft head must
+    output: given it, with the target's own phase, the head's inverse FFT, synthesis
+    window and overlap-add (advanced by the lookahead) give back the signal, so the loss
+    and the audio losses ask for the same thing. A wrong gain or window, or a frame
+    shifted by a hop, fails this."""
     from engine.codec.layers import SpectralHead
     from engine.train.codec_losses import frame_log_magnitude
 
-    hop, hops = 64, 4
+    hop = 64
     head = SpectralHead(8, hop, hops)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 40 * hop, generator=g) * 0.3
-    n_fft = hop * hops
-    frames = F.pad(x, (0, n_fft - hop)).unfold(-1, n_fft, hop)
-    phase = torch.angle(torch.fft.rfft(frames * torch.hann_window(n_fft, periodic=True)))
-    log_magnitude = frame_log_magnitude(x, n_fft, hop, head.output_gain)
-    y = head(torch.zeros(2, 8, 40), (log_magnitude, phase))[:, 0]
-    inside = slice((hops - 1) * hop, -(hops - 1) * hop)
+    n_fft, window = hop * hops, head.analysis_window()
+    frames = F.pad(x, (lookahead * hop, n_fft - hop - lookahead * hop)).unfold(-1, n_fft, hop)
+    phase = torch.angle(torch.fft.rfft(frames * window))
+    log_magnitude = frame_log_magnitude(x, window, hop, lookahead)
+    y = head(torch.zeros(2, 8, 40), (log_magnitude, phase), advance=lookahead)[:, 0]
+    inside = slice(hops * hop, -hops * hop)
     assert torch.allclose(y[:, inside], x[:, inside], atol=1e-4)
 
 

@@ -55,6 +55,14 @@ class CodecConfig:
     decoder_kind: str = "dac"
     decoder_layers: int = 6
     istft_window: int = 4
+    # "istft" only: hops by which a head frame's window starts before its own hop. A frame
+    # sees the latent up to its own hop, so with 0 the window's later hops (up to
+    # istft_window - 1 of them, most of its weight) are audio the codes for it have not
+    # described yet: ~1.5 hops in every code frame of 4 are guessed (scripts/voice/README.md,
+    # "The blind hops"). istft_window - 1 removes the guess; the offline decode is then
+    # advanced to stay aligned, and a stream (engine/codec/streaming.py) lags its codes by
+    # this many hops.
+    istft_lookahead: int = 0
     # quantizer: 1 semantic codebook + `n_codebooks` residual ones
     n_codebooks: int = 9
     codebook_size: int = 1024
@@ -106,6 +114,8 @@ class CodecConfig:
                f"decoder_dim {self.decoder_dim} must halve {len(self.decoder_rates)} times")
         _check(self.decoder_layers > 0 and 1 <= self.istft_window <= 16,
                "decoder_layers must be > 0 and istft_window in 1..16 hops")
+        _check(0 <= self.istft_lookahead < self.istft_window,
+               f"istft_lookahead must be in 0..istft_window - 1 ({self.istft_window - 1})")
         _check(self.norm_eps > 0 and self.rope_base > 0, "norm_eps and rope_base must be > 0")
         _check(self.quantizer_head_dim % 2 == 0 and self.encoder_transformer_head_dim % 2 == 0,
                "RoPE needs an even head_dim")

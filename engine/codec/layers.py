@@ -142,18 +142,26 @@ class SpectralHead(nn.Module):
         window = torch.hann_window(self.n_fft, periodic=True, device=x.device) * (2.0 / self.window_hops)
         return (wave * window).view(B, T, self.window_hops, self.hop)
 
-    def forward(self, x: Tensor, spectrum: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        audio, _ = overlap_add(self.frames(x, spectrum), None)
+    def forward(self, x: Tensor, spectrum: tuple[Tensor, Tensor] | None = None, advance: int = 0) -> Tensor:
+        """`advance`: drop the first `advance` hops and end with the overlap-add tail of the
+        last frames instead (SpectralDecoder's lookahead): the same length, T * hop."""
+        audio, tail = overlap_add(self.frames(x, spectrum), None)
+        if advance:
+            T = x.shape[-1]
+            audio = torch.cat([audio, tail.flatten(1)], dim=1)[:, advance * self.hop:(advance + T) * self.hop]
         return audio[:, None].to(x.dtype)
 
-    @property
-    def output_gain(self) -> float:
-        """What overlap-add of this head's synthesis windows does to a frame spectrum taken
-        with a Hann analysis window: hann^2 summed over window_hops shifts is 3/8 x
-        window_hops (on average at 2 hops), times the synthesis scale 2 / window_hops: 0.75.
-        A target spectrum divided by it reconstructs the signal when the phase is right
-        (training's head-spectrum loss, engine/train/codec_losses.frame_log_magnitude)."""
-        return 0.75
+    def analysis_window(self, device: torch.device | str | None = None) -> Tensor:
+        """The analysis window a under which this head's synthesis reconstructs a signal
+        exactly: if each frame's spectrum is rfft(a * frame) with the true phase, overlap-
+        add gives the frame's samples back (sum over shifts of a * s = 1, s the synthesis
+        window hann * 2 / window_hops). hann^2 summed over window_hops >= 3 shifts is
+        3 / 8 x window_hops, so a = hann / 0.75; at 2 hops Hann alone sums to 1, so a = 1
+        (1 hop has no such window: a = 1 there too). Training's head-spectrum loss takes
+        its targets under it (engine/train/codec_losses.frame_log_magnitude)."""
+        if self.window_hops >= 3:
+            return torch.hann_window(self.n_fft, periodic=True, device=device) / 0.75
+        return torch.ones(self.n_fft, device=device)
 
 
 def overlap_add(frames: Tensor, tail: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -148,6 +148,9 @@ class SpectralDecoder(nn.Module):
     def __init__(self, config: CodecConfig) -> None:
         super().__init__()
         dim = config.decoder_dim
+        self.lookahead = config.istft_lookahead
+        # a stream (engine/codec/streaming.py) runs `model` as it is: its audio lags the
+        # codes by `lookahead` hops; forward() advances the audio to align it
         self.model = nn.Sequential(
             CausalConv1d(config.latent_dim, dim, kernel_size=7),
             *[ConvNeXtBlock(dim) for _ in range(config.decoder_layers)],
@@ -162,9 +165,13 @@ class SpectralDecoder(nn.Module):
         """[B, latent, T] -> the head's input [B, decoder_dim, T]."""
         return self.model[:-1](z)
 
+    def synthesize(self, h: Tensor, spectrum: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The head's audio from hidden(z), aligned with the codes' audio."""
+        return self.head(h, spectrum, advance=self.lookahead)
+
     def forward(self, z: Tensor) -> Tensor:
         # z: [B, latent, T] -> [B, 1, T * prod(decoder_rates)]
-        return self.model(z)
+        return self.synthesize(self.hidden(z))
 
 
 class Codec(nn.Module):

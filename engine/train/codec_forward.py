@@ -192,7 +192,7 @@ class CodecTrainer(nn.Module):
             h = self.codec.decoder.hidden(decoder_in)
             spectrum = self.codec.decoder.head.spectrum(h)
             head_log_magnitude = spectrum[0]
-            y = self.codec.decoder.head(h, spectrum)[:, 0]
+            y = self.codec.decoder.synthesize(h, spectrum)[:, 0]
         else:
             y = self.codec.decoder(decoder_in)[:, 0]
         return y, VQOut(torch.stack(codes, 1), commitment, codebook, entropy, spread, head_log_magnitude)

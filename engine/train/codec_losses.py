@@ -68,26 +68,30 @@ class ReconstructionLoss(nn.Module):
 HEAD_FLOOR = 1e-4  # magnitudes below this (~-80 dB of full scale per bin) count as this
 
 
-def frame_log_magnitude(x: Tensor, n_fft: int, hop: int, gain: float) -> Tensor:
-    """x [B, T] (T a multiple of hop) -> log |rfft(hann * frame)| / gain of frames [t * hop,
-    t * hop + n_fft) (the "istft" head's causal frames; zeros past the end), floored at
-    HEAD_FLOOR: [B, T / hop, n_fft // 2 + 1], fp32."""
-    frames = F.pad(x.float(), (0, n_fft - hop)).unfold(-1, n_fft, hop)
-    window = torch.hann_window(n_fft, periodic=True, device=x.device)
-    return torch.log((torch.fft.rfft(frames * window).abs() / gain).clamp(min=HEAD_FLOOR))
+def frame_log_magnitude(x: Tensor, window: Tensor, hop: int, lookahead: int = 0) -> Tensor:
+    """x [B, T] (T a multiple of hop) -> log |rfft(window * frame)| of the "istft" head's
+    frames: frame t covers samples [(t - lookahead) * hop, (t - lookahead) * hop + n_fft)
+    (zeros outside x), floored at HEAD_FLOOR: [B, T / hop, n_fft // 2 + 1], fp32.
+    `window` is the head's analysis window (SpectralHead.analysis_window)."""
+    n_fft = window.shape[0]
+    left = lookahead * hop
+    frames = F.pad(x.float(), (left, n_fft - hop - left)).unfold(-1, n_fft, hop)
+    return torch.log(torch.fft.rfft(frames * window).abs().clamp(min=HEAD_FLOOR))
 
 
-def head_spectrum_loss(log_magnitude: Tensor, x: Tensor, n_fft: int, hop: int, gain: float) -> Tensor:
+def head_spectrum_loss(log_magnitude: Tensor, x: Tensor, window: Tensor, hop: int, lookahead: int = 0) -> Tensor:
     """L1 between the head's log-magnitude [B, T / hop, bins] and the target's
     (frame_log_magnitude), both floored, over the frames whose window lies inside the
-    segment (the last window_hops - 1 reach past it). The output losses judge the audio
-    after overlap-add, where a frame's magnitude counts only as far as its phase agrees
-    with its neighbours'; this one trains the magnitude directly, which is what the words
-    rest on (scripts/voice/phase_probe.py: the true magnitude with random phase keeps the
+    segment (the first `lookahead` start before it, the last window_hops - 1 - lookahead
+    reach past it). The output losses judge the audio after overlap-add, where a frame's
+    magnitude counts only as far as its phase agrees with its neighbours'; this one
+    trains the magnitude directly, which is what the words rest on
+    (scripts/voice/phase_probe.py: the true magnitude with random phase keeps the
     teacher's WER)."""
-    target = frame_log_magnitude(x, n_fft, hop, gain)
-    inside = target.shape[1] - (n_fft // hop - 1)
-    return F.l1_loss(log_magnitude[:, :inside].clamp(min=math.log(HEAD_FLOOR)), target[:, :inside])
+    target = frame_log_magnitude(x, window, hop, lookahead)
+    window_hops = window.shape[0] // hop
+    inside = slice(lookahead, target.shape[1] - (window_hops - 1 - lookahead))
+    return F.l1_loss(log_magnitude[:, inside].clamp(min=math.log(HEAD_FLOOR)), target[:, inside])
 
 
 def snr_db(y: Tensor, x: Tensor) -> float:

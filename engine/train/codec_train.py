@@ -105,12 +105,15 @@ def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tenso
     terms["loss"] = (MEL_WEIGHT * terms["mel"] + STFT_WEIGHT * terms["stft"] + COMMIT_WEIGHT * terms["commit"]
                      + CODEBOOK_WEIGHT * terms["codebook"] + entropy_weight * terms["entropy"]
                      + spread_weight * terms["spread"])
-    if head_spectrum_weight > 0:
-        if vq.head_log_magnitude is None:
-            raise ValueError("head_spectrum_weight needs the istft decoder (decoder_kind 'istft')")
-        head = trainer.codec.decoder.head
-        terms["head"] = head_spectrum_loss(vq.head_log_magnitude, x, head.n_fft, head.hop, head.output_gain)
-        terms["loss"] = terms["loss"] + head_spectrum_weight * terms["head"]
+    if head_spectrum_weight > 0 and vq.head_log_magnitude is None:
+        raise ValueError("head_spectrum_weight needs the istft decoder (decoder_kind 'istft')")
+    if vq.head_log_magnitude is not None:
+        # logged whatever its weight: unlike the mel, it is not saturated by the phase
+        decoder = trainer.codec.decoder
+        terms["head"] = head_spectrum_loss(vq.head_log_magnitude, x, decoder.head.analysis_window(x.device),
+                                           decoder.head.hop, decoder.lookahead)
+        if head_spectrum_weight > 0:
+            terms["loss"] = terms["loss"] + head_spectrum_weight * terms["head"]
     terms["_y"] = y
     return terms
 
@@ -175,6 +178,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     profiling = StepProfile(out / "profile.txt", step + 3, profile_steps, device) if profile_steps > 0 else None
     keeper = BestKeeper(rollback_ratio=cfg.rollback_ratio)
     window_mel, window_steps, last_window = torch.zeros((), device=device), 0, None
+    window_head = torch.zeros((), device=device)
     observe_from = (step if rewarm is not None else 0) + cfg.warmup  # past the (re-)warm-up, where the mel only falls
     while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
         if profiling is not None:
@@ -192,6 +196,8 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         optimizer.step()
         step += 1
         window_mel += terms["mel"].detach()  # on the device: read at the log step only
+        if "head" in terms:
+            window_head += terms["head"].detach()
         window_steps += 1
         logging = step % log_every == 0 or step == 1
         perplexity = trainer.perplexity() if logging else None  # usage since the last restart check
@@ -205,9 +211,12 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
                        minutes=round(clock.minutes, 2))
             t_log, logged_step = time.perf_counter(), step
             last_window = float(window_mel) / window_steps
-            window_mel.zero_()
-            window_steps = 0
             row["window_mel"] = round(last_window, 5)
+            if "head" in terms:
+                row["window_head"] = round(float(window_head) / window_steps, 5)
+            window_mel.zero_()
+            window_head.zero_()
+            window_steps = 0
             if (cfg.keep_best or cfg.rollback_ratio > 0) and step > observe_from:
                 if keeper.observe(step, last_window, trainer) == "rollback":
                     # diverging: back to the best parameters, fresh moments, a short re-warm

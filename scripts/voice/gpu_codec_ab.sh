@@ -23,9 +23,14 @@
 #   H: G with the head-spectrum loss (--set head_spectrum_weight=4: the istft head's
 #      log-magnitude against the target's on the same frames, codec_losses.
 #      head_spectrum_loss): the magnitude trained directly, not only through overlap-add
-# Returns codec_log-<arm>.jsonl for each arm in $ARMS (default "G H": compare them at equal
-# steps; F's curve from 2026-12-01 is run-2026-12-01/codec_log-abc2-F.jsonl, and C's
-# codec_log-abc-C.jsonl + codec_log-C-resume.jsonl), and each arm's
+#   I: H with istft_lookahead 3 (scripts/voice/codec-istft-stft-look3.json): a head frame's
+#      window ends at its own hop, so no hop is guessed before its code is in (README,
+#      "The blind hops"); a stream lags by 3 hops (35 ms)
+#   J: H with a 2-hop window and istft_lookahead 1 (codec-istft2-stft-look1.json): no
+#      guessed hop either, a 12 ms lag
+# Returns, for each arm in $ARMS (default "H I J"), its log (state/log.jsonl: compare the
+# arms at equal steps; F's curve from 2026-12-01 is run-2026-12-01/codec_log-abc2-F.jsonl,
+# and C's codec_log-abc-C.jsonl + codec_log-C-resume.jsonl) and its
 # training state (fp16 parameters, no moments) as state-<arm>.tar.part-* pieces of at
 # most 15 MB (the device tool returns 8 files of at most 16 MiB), so the best arm can be
 # resumed in the next call: cat the pieces | tar -x -C .carry/codec-<arm>
@@ -36,7 +41,7 @@ MINUTES=${MINUTES:-7}
 # the learning-rate schedule is planned over TOTAL_MINUTES, so the best arm can go on in
 # a second call (gpu_codec.sh with STATE and the same TOTAL_MINUTES) without a re-warm
 # from the top
-ARMS=${ARMS:-G H}
+ARMS=${ARMS:-H I J}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 AUDIO=${AUDIO:-.carry/voice/audio}
 export PYTHONUNBUFFERED=1 OPUS_LIBRARY=$PWD/.carry/lib/libopus.so.0
@@ -51,6 +56,8 @@ arm_args() {
     F) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-istft.json" ;;
     G) echo "--set lr=1e-3 --set warmup=200 --codec-config scripts/voice/codec-istft-stft.json" ;;
     H) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft-stft.json" ;;
+    I) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft-stft-look3.json" ;;
+    J) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft2-stft-look1.json" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
@@ -69,7 +76,9 @@ status=0
 for pid in "${pids[@]}"; do wait $pid || status=1; done
 for arm in $ARMS; do
     W=/tmp/voice-codec-$arm
-    cp $W/log.jsonl "$OUT/codec_log-$arm.jsonl" || status=1
+    # the log travels inside the state's tar: three arms' logs and states as separate
+    # files would pass the device tool's 8 files
+    cp $W/log.jsonl $W/state/log.jsonl || status=1
     tar -C $W -cf - state | split -b 15m - "$OUT/state-$arm.tar.part-" || status=1
     echo "== arm $arm"; awk '/"step"/ && (++n % 20 != 1) {next} {print}' $W/stdout.log | tail -n 30
 done
