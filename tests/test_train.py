@@ -8,6 +8,7 @@ Steps that need the `train` extra (onnxruntime, the Piper voice, espeak-ng) skip
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gzip
 import json
@@ -399,6 +400,41 @@ def test_codec_export_loads_and_decodes_like_training(tmp_path: Path, decoder_ki
     assert loaded.config == trainer.codec.config
     assert torch.equal(loaded.encode(x), vq.codes)
     assert torch.allclose(loaded.decode(vq.codes), y_train, atol=1e-5)
+
+
+def test_unit_codes_train_stays_bounded_and_exports_what_it_trained(tmp_path: Path):
+    """CodecTrainConfig.unit_codes: the quantizers' latents and codes at unit length, so
+    the commitment is bounded by 4 however the latent's length drifts; a training folder
+    of such a run loads (load_trained) with its codebook rows normalized, and the export
+    encodes and decodes as training did. Stored as trained (raw rows), it would not."""
+    from engine.codec.loader import load_codec
+    from engine.train import checkpoints
+    from engine.train.codec_train import CodecTrainConfig, export, load_trained
+
+    trainer = _codec_trainer("istft+stft").eval()
+    trainer.unit_codes = True
+    with torch.no_grad():
+        for vq in trainer.vqs():
+            vq.codebook.weight.mul_(3.0)  # rows far from unit length, as training leaves them
+    x = torch.randn(1, 3 * CODEC.hop_length) * 0.1
+    with torch.no_grad():
+        y_train, vq_out = trainer(x)
+        trainer.vqs()[0].in_proj.weight.mul_(50.0)  # the latent 50x longer: the same codes
+        y_long, vq_long = trainer(x)
+        trainer.vqs()[0].in_proj.weight.div_(50.0)
+    assert torch.equal(vq_long.codes, vq_out.codes) and torch.allclose(y_long, y_train, atol=1e-5)
+    assert float(vq_long.commitment) <= 4.0 * len(trainer.vqs())
+    cfg = CodecTrainConfig(unit_codes=True)
+    extra = {"codec_config": dataclasses.asdict(trainer.codec.config), "train_config": dataclasses.asdict(cfg)}
+    checkpoints.save(tmp_path / "state", trainer.codec, None, 7, extra)
+    raw = fold_weight_norm_(copy.deepcopy(trainer.codec))
+    assert not torch.allclose(raw.decode(vq_out.codes), y_train, atol=1e-3)
+    codec, step = load_trained(tmp_path)
+    assert step == 7
+    export(codec, tmp_path / "export", torch.float32)
+    loaded = load_codec(tmp_path / "export" / "codec.pth")
+    assert torch.equal(loaded.encode(x), vq_out.codes)
+    assert torch.allclose(loaded.decode(vq_out.codes), y_train, atol=1e-5)
 
 
 def test_best_keeper_keeps_rolls_back_to_and_ends_on_the_best_parameters():

@@ -67,6 +67,17 @@ def use_fused_snake_(codec: Codec) -> Codec:
     return codec
 
 
+@torch.no_grad()
+def normalize_codebooks_(codec: Codec) -> Codec:
+    """Every codebook row at unit length: a codec trained with unit codes
+    (CodecTrainer.unit_codes) decodes normalized rows, and the inference quantizer
+    (engine/codec/quantizer.py) looks its rows up as they are stored."""
+    q = codec.quantizer
+    for vq in (*q.semantic_quantizer.quantizers, *q.quantizer.quantizers):
+        vq.codebook.weight.copy_(F.normalize(vq.codebook.weight.float()).to(vq.codebook.weight.dtype))
+    return codec
+
+
 def init_codec_(codec: Codec, seed: int = 0) -> Codec:
     """Weights for training from scratch: PyTorch's defaults for the convolutions (with the
     VQ input projections' biases zeroed: at init a bias dominates the projected latent's
@@ -98,9 +109,11 @@ def _usage_entropy(enc: Tensor, book: Tensor) -> Tensor:
     return per_latent + (mean * torch.log(mean.clamp(min=1e-8))).sum()
 
 
-def _quantize(vq: VectorQuantizer, z: Tensor) -> tuple[Tensor, ...]:
+def _quantize(vq: VectorQuantizer, z: Tensor, unit: bool = False) -> tuple[Tensor, ...]:
     """z: [B, D, T] -> (codes [B, T], quantized [B, D, T], commitment, codebook loss,
-    usage entropy loss, spread loss, z_e [B*T, d])."""
+    usage entropy loss, spread loss, z_e [B*T, d]). `unit`: the latent and the codebook
+    rows are taken at unit length in the losses and the straight-through path too, not
+    only in the search (CodecTrainConfig.unit_codes)."""
     z_e = vq.in_proj(z).float()  # [B, d, T]
     B, d, T = z_e.shape
     flat = z_e.mT.reshape(B * T, d)
@@ -112,7 +125,15 @@ def _quantize(vq: VectorQuantizer, z: Tensor) -> tuple[Tensor, ...]:
     with torch.no_grad():
         dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ book.t() + book.pow(2).sum(1)[None]
         codes = (-dist).max(1).indices
-    z_q = vq.codebook(codes).float().view(B, T, d).mT
+    if unit:
+        # a latent's length does not choose its code, so in the raw form below nothing but
+        # the commitment term holds it, and the decoder's straight-through gradient makes
+        # it drift (2026-12-02: commitment 2 -> 150 and the gradient norm 15 -> 220 over
+        # steps 2,000-3,000 in every arm, the mel rising): on the unit sphere it cannot
+        z_e = enc.view(B, T, d).mT
+        z_q = book[codes].view(B, T, d).mT
+    else:
+        z_q = vq.codebook(codes).float().view(B, T, d).mT
     commitment = F.mse_loss(z_e, z_q.detach())
     codebook = F.mse_loss(z_q, z_e.detach())
     z_st = z_e + (z_q - z_e).detach()
@@ -123,9 +144,12 @@ class CodecTrainer(nn.Module):
     """Wraps a `Codec` for training: forward(audio) -> (reconstruction, VQOut)."""
 
     def __init__(self, codec: Codec, quantizer_dropout: float = 0.5, restart_every: int = 50,
-                 bypass_quantizer: bool = False) -> None:
+                 bypass_quantizer: bool = False, unit_codes: bool = False) -> None:
         super().__init__()
         self.codec = codec
+        # codes at unit length (_quantize); the export then stores the rows normalized
+        # (normalize_codebooks_), which is what the codec was trained to decode
+        self.unit_codes = unit_codes
         self.quantizer_dropout = quantizer_dropout
         # an experiment, not a codec: the decoder gets the unquantized latent and the
         # quantizers' losses do not reach the encoder, so a run measures what the encoder
@@ -148,7 +172,7 @@ class CodecTrainer(nn.Module):
     def phone_log_probs(self, audio: Tensor) -> Tensor:
         """audio [B, T] -> log-probabilities [frames, B, classes] (F.ctc_loss's layout) from
         the semantic codebook's straight-through quantized latent alone."""
-        zq = _quantize(self.vqs()[0], self._latent(audio))[1]  # [B, D, frames]
+        zq = _quantize(self.vqs()[0], self._latent(audio), self.unit_codes)[1]  # [B, D, frames]
         return self.phone_head(zq.mT.float()).log_softmax(-1).transpose(0, 1)
 
     def phone_loss(self, audio: Tensor, frames: Tensor, targets: Tensor, lengths: Tensor) -> Tensor:
@@ -177,7 +201,7 @@ class CodecTrainer(nn.Module):
         residual = z.detach() if self.bypass_quantizer else z
         keep = self._kept_codebooks(audio.shape[0], audio.device)  # [B, n_vq] bool
         for i, vq in enumerate(self.vqs()):
-            c, zq, commit, book, ent, spr, latent = _quantize(vq, residual)
+            c, zq, commit, book, ent, spr, latent = _quantize(vq, residual, self.unit_codes)
             self._record(i, c, latent)
             mask = keep[:, i, None, None].to(zq.dtype)
             z_sum = z_sum + zq * mask

@@ -41,7 +41,8 @@ from engine.codec.config import CodecConfig
 from engine.codec.model import Codec
 from engine.train import checkpoints
 from engine.train.best import BestKeeper
-from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_, use_fused_snake_
+from engine.train.codec_forward import (CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_,
+                                        normalize_codebooks_, use_fused_snake_)
 from engine.train.codec_losses import ReconstructionLoss, head_spectrum_loss, snr_db
 from engine.train.phone_targets import NUM_CLASSES
 from engine.train.presets import VOICE_CODEC
@@ -82,6 +83,10 @@ class CodecTrainConfig:
     # the "istft" decoder's head log-magnitude against the target's on the same frames
     # (codec_losses.head_spectrum_loss); 0: off, as every run before 2026-12-02
     head_spectrum_weight: float = 0.0
+    # the quantizers' latents and codes at unit length in the losses and the straight-
+    # through path, not only in the search (codec_forward._quantize says why); False as
+    # every run before 2026-12-02
+    unit_codes: bool = False
 
 
 def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
@@ -90,7 +95,8 @@ def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None)
     codec = init_codec_(Codec(config), cfg.seed)
     if cfg.fused_snake:
         use_fused_snake_(codec)
-    trainer = CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every, cfg.bypass_quantizer)
+    trainer = CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every, cfg.bypass_quantizer,
+                           cfg.unit_codes)
     if cfg.phone_weight > 0:
         trainer.add_phone_head(NUM_CLASSES)
     return trainer.to(device)
@@ -284,6 +290,8 @@ def load_trained(out: Path, device: str = "cpu") -> tuple[Codec, int]:
     config = CodecConfig(**extra["codec_config"])
     codec = add_weight_norm_(Codec(config))
     st = checkpoints.load(state_dir, codec, None)
+    if extra["train_config"].get("unit_codes", False):
+        normalize_codebooks_(codec)
     return fold_weight_norm_(codec).to(device).eval(), st["step"]
 
 

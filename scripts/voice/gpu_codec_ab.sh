@@ -28,6 +28,10 @@
 #      "The blind hops"); a stream lags by 3 hops (35 ms)
 #   J: H with a 2-hop window and istft_lookahead 1 (codec-istft2-stft-look1.json): no
 #      guessed hop either, a 12 ms lag
+#   K: I with unit codes (--set unit_codes=1: the quantizers' latents and codes at unit
+#      length in the losses too, codec_forward._quantize): in H, I and J the commitment
+#      went 2 -> 150 and the gradient norm 15 -> 220 over steps 2,000-3,000
+#   L: J with unit codes
 # Returns, for each arm in $ARMS (default "H I J"), its log (state/log.jsonl: compare the
 # arms at equal steps; F's curve from 2026-12-01 is run-2026-12-01/codec_log-abc2-F.jsonl,
 # and C's codec_log-abc-C.jsonl + codec_log-C-resume.jsonl) and its
@@ -58,6 +62,8 @@ arm_args() {
     H) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft-stft.json" ;;
     I) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft-stft-look3.json" ;;
     J) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft2-stft-look1.json" ;;
+    K) echo "$(arm_args I) --set unit_codes=1" ;;
+    L) echo "$(arm_args J) --set unit_codes=1" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
