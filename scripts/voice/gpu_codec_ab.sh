@@ -38,7 +38,9 @@
 # training state (fp16 parameters, no moments) as state-<arm>.tar.part-* pieces of at
 # most 15 MB (the device tool returns 8 files of at most 16 MiB), so the best arm can be
 # resumed in the next call: cat the pieces | tar -x -C .carry/codec-<arm>
-# (gives .carry/codec-<arm>/state, the STATE folder for scripts/voice/gpu_codec.sh).
+# (gives .carry/codec-<arm>/state, the STATE folder for scripts/voice/gpu_codec.sh, or
+# the FROM_<arm> folder of an arm resumed here, beside arms from scratch: e.g.
+# ARMS="Ir Iu K" FROM_Ir=.carry/codec-I/state FROM_Iu=.carry/codec-I/state).
 # carry: .carry/voice/audio .carry/lib
 set -euo pipefail
 MINUTES=${MINUTES:-7}
@@ -63,6 +65,13 @@ arm_args() {
     I) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft-stft-look3.json" ;;
     J) echo "--set lr=1e-3 --set warmup=200 --set head_spectrum_weight=4 --codec-config scripts/voice/codec-istft2-stft-look1.json" ;;
     K) echo "$(arm_args I) --set unit_codes=1" ;;
+    Ir) arm_args I ;;  # with FROM_Ir: I resumed as it was
+    Iu) arm_args K ;;  # with FROM_Iu: I resumed with unit codes from here on
+    # with FROM_ a unit-codes state (Iu's): the same recipe, twice the batch, twice the
+    # head-spectrum weight
+    Ia) arm_args K ;;
+    Ib) echo "$(arm_args K) --set batch=64" ;;
+    Ic) echo "$(arm_args K) --set head_spectrum_weight=8" ;;
     L) echo "$(arm_args J) --set unit_codes=1" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
@@ -73,8 +82,11 @@ pids=()
 for arm in $ARMS; do
     W=/tmp/voice-codec-$arm
     rm -rf $W && mkdir -p $W
+    # FROM_<arm>: a state folder the arm resumes from; TOTAL_<arm>: its own schedule length
+    from=FROM_$arm total=TOTAL_$arm
+    if [ -n "${!from:-}" ]; then cp -r "${!from}" $W/state; fi
     # shellcheck disable=SC2046
-    python3 -m engine.train.codec_train train --data "$AUDIO" --out $W --minutes "$MINUTES" --total-minutes "${TOTAL_MINUTES:-15}" --save-minutes 100 \
+    python3 -m engine.train.codec_train train --data "$AUDIO" --out $W --minutes "$MINUTES" --total-minutes "${!total:-${TOTAL_MINUTES:-15}}" --save-minutes 100 \
         --workers $workers --no-moments --half-state $(arm_args $arm) ${CODEC_ARGS:-} > $W/stdout.log 2>&1 &
     pids+=($!)
 done
