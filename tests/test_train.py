@@ -28,7 +28,7 @@ from engine.config import ModelConfig
 from engine.tokenizer import TinyLayout
 from engine.text import normalize_text
 from engine.train import checkpoints
-from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_
+from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_, normalize_codebooks_
 from engine.train.codec_losses import ReconstructionLoss
 from engine.train.lm_data import IGNORE, CodeSet, SequenceBuilder, SequenceConfig, collate
 from engine.train.lm_forward import fast_logits, heads, init_weights_, losses, slow_hidden
@@ -435,6 +435,29 @@ def test_unit_codes_train_stays_bounded_and_exports_what_it_trained(tmp_path: Pa
     loaded = load_codec(tmp_path / "export" / "codec.pth")
     assert torch.equal(loaded.encode(x), vq_out.codes)
     assert torch.allclose(loaded.decode(vq_out.codes), y_train, atol=1e-5)
+
+
+def test_state_from_export_resumes_the_exported_codec(tmp_path: Path):
+    """`codec_train state-from-export`: the packaged codec becomes a training state again
+    (weight norm put back), at the given step with the given training config, and that
+    state exports the same codec, so a run can go on from engine/assets/default when the
+    state it came from is gone."""
+    from engine.train import checkpoints
+    from engine.train.codec_train import CodecTrainConfig, export, load_trained, state_from_export
+
+    trainer = _codec_trainer("istft+stft").eval()
+    normalize_codebooks_(trainer.codec)  # as a unit-codes run's export stores them
+    codes = torch.randint(0, 64, (1, trainer.codec.num_codebooks, 4))
+    export(fold_weight_norm_(trainer.codec), tmp_path / "export", torch.float32)
+    state_from_export(tmp_path / "export", tmp_path / "run", 1234, CodecTrainConfig(unit_codes=True))
+    extra = json.loads((tmp_path / "run/state" / checkpoints.STATE_FILE).read_text())["extra"]
+    assert extra["train_config"]["unit_codes"] is True
+    codec, step = load_trained(tmp_path / "run")
+    assert step == 1234
+    with torch.no_grad():
+        assert torch.allclose(codec.decode(codes), trainer.codec.decode(codes), atol=1e-5)
+    with pytest.raises(ValueError, match="step"):
+        state_from_export(tmp_path / "export", tmp_path / "run0", 0, CodecTrainConfig())
 
 
 def test_best_keeper_keeps_rolls_back_to_and_ends_on_the_best_parameters():

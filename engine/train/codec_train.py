@@ -295,6 +295,23 @@ def load_trained(out: Path, device: str = "cpu") -> tuple[Codec, int]:
     return fold_weight_norm_(codec).to(device).eval(), st["step"]
 
 
+def state_from_export(folder: Path, out: Path, step: int, cfg: CodecTrainConfig, trained_minutes: float = 0.0) -> None:
+    """A training state (out/state) from an exported codec (codec.pth + codec_config.json),
+    so that a run goes on from the packaged codec when the state it was exported from is
+    gone: `train` then resumes it like any state (fresh moments, a short re-warm). `step`
+    must be > 0 (the step of the export, for the logs; 0 would seed the codebooks from
+    data again). Exports of unit-codes runs store their codebook rows normalized, which
+    such a run's search and losses take anyway."""
+    from engine.codec.loader import load_codec
+
+    if step < 1:
+        raise ValueError("step must be >= 1: a state at step 0 is a fresh codec")
+    codec = add_weight_norm_(load_codec(folder / "codec.pth", dtype=torch.float32))
+    extra = {"codec_config": dataclasses.asdict(codec.config), "train_config": dataclasses.asdict(cfg),
+             "trained_minutes": trained_minutes, "total_minutes": None}
+    checkpoints.save(out / "state", codec, None, step, extra, moments=False)
+
+
 def export(codec: Codec, folder: Path, dtype: torch.dtype = torch.float16) -> None:
     """codec.pth (plain state dict, weight norm folded) + codec_config.json, the layout
     engine/codec/loader.py reads."""
@@ -367,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--out", type=Path, required=True, help="the training folder")
     e.add_argument("--to", type=Path, required=True)
     e.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    f = sub.add_parser("state-from-export", help="a training state to resume from an exported codec")
+    f.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
+    f.add_argument("--out", type=Path, required=True, help="the training folder to create (OUT/state)")
+    f.add_argument("--step", type=int, required=True, help="the step the codec was exported at (> 0)")
+    f.add_argument("--trained-minutes", type=float, default=0.0, help="for the schedule (default: none yet)")
+    f.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="the CodecTrainConfig the run was trained with (e.g. unit_codes=1)")
     c = sub.add_parser("encode")
     c.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
     c.add_argument("--data", type=Path, action="append", required=True)
@@ -382,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
                        total_minutes=args.total_minutes, overrides=sets, half_params=args.half_state,
                        profile_steps=args.profile_steps)
         print(json.dumps(result["history"][-1] if result["history"] else {"step": result["step"]}), file=sys.stderr)
+    elif args.command == "state-from-export":
+        cfg = CodecTrainConfig(**checkpoints.config_sets(CodecTrainConfig, args.set))
+        state_from_export(args.codec, args.out, args.step, cfg, args.trained_minutes)
+        print(f"{args.out / 'state'}: step {args.step} from {args.codec}", file=sys.stderr)
     elif args.command == "export":
         codec, step = load_trained(args.out)
         export(codec, args.to, getattr(torch, args.dtype))
