@@ -96,7 +96,7 @@ class StreamSink(Protocol):
 
     def on_ready(self, voice_cached: bool, prefill_ms: float) -> None: ...
     def on_audio(self, turn: int, pcm: np.ndarray) -> None: ...  # float32 at the codec rate
-    def on_segment_end(self, turn: int, reason: str) -> None: ...  # "end" | "budget"
+    def on_segment_end(self, turn: int, reason: str) -> None: ...  # "end" | "budget" | "context"
     def on_error(self, code: str, message: str) -> None: ...
 
 

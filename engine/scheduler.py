@@ -15,7 +15,10 @@ end; such frames are recognized by their segment id and dropped.
 Positions: after a segment prefill the stream's context ends at P0 and frame f0 is
 sampled; decode step k feeds f(k-1) at P0 + k - 1 and samples f(k). A segment that ends
 with end-of-speech after n frames has fed n frames; one cut at its budget m has fed m - 1
-and its last frame is fed with the turn's closing tokens.
+and its last frame is fed with the turn's closing tokens. A segment's budget is the
+stream's frame budget or the KV room after its prompt, whichever is smaller (m frames
+need positions up to P0 + m - 2): a model that does not stop is cut at the end of its
+context (reason "context"), never written past it.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Stream:
     current: Segment | None = None  # the segment being prefilled or decoded
     turn: int | None = None  # the most recent turn (what cancel rolls back)
     prompt_end: int = 0  # P0 of the current segment
+    budget: int = 0  # the current segment's frame budget (frame_budget, or less: the KV room)
     frames: int = 0  # frames emitted in the current segment
     steps: int = 0  # decode steps launched for the current segment
     closing: Closing | None = None
@@ -95,7 +99,7 @@ class PrefillWork:
 class FrameOutcome:
     emit: bool  # hand the frame to the codec
     segment_done: bool = False
-    reason: str = ""  # "end" (end-of-speech) or "budget"
+    reason: str = ""  # "end" (end-of-speech), "budget" or "context" (cut at the KV's end)
 
 
 class Scheduler:
@@ -250,6 +254,7 @@ class Scheduler:
         stream joins the decode batch (False: cancelled or closed meanwhile)."""
         stream.prefill_busy = False
         stream.prompt_end = work.start + prompt_len
+        stream.budget = max(1, min(stream.frame_budget, self.max_len - stream.prompt_end + 1))
         stream.frames, stream.steps = 0, 0
         if not stream.live or stream.cancel_pending:
             stream.cancel_pending = False
@@ -272,9 +277,9 @@ class Scheduler:
     # --- decode thread ----------------------------------------------------------------
 
     def decode_batch(self) -> list[Stream]:
-        """Streams that step next: decoding, with frame budget left (f0 came from the
+        """Streams that step next: decoding, with segment budget left (f0 came from the
         prefill, so a budget of m frames takes m - 1 steps)."""
-        batch = [s for s in self.streams.values() if s.phase is Phase.DECODING and s.steps < s.frame_budget - 1]
+        batch = [s for s in self.streams.values() if s.phase is Phase.DECODING and s.steps < s.budget - 1]
         return batch[:1] if self.serial else batch
 
     def step_launched(self, batch: list[Stream]) -> list[int]:
@@ -294,9 +299,10 @@ class Scheduler:
             self._finish_segment(stream, cut_frame=None)
             return FrameOutcome(emit=False, segment_done=True, reason="end")
         stream.frames += 1
-        if stream.frames >= stream.frame_budget:
+        if stream.frames >= stream.budget:
             self._finish_segment(stream, cut_frame=frame)
-            return FrameOutcome(emit=True, segment_done=True, reason="budget")
+            reason = "budget" if stream.budget == stream.frame_budget else "context"
+            return FrameOutcome(emit=True, segment_done=True, reason=reason)
         return FrameOutcome(emit=True)
 
     def step_read(self, batch: list[Stream]) -> None:

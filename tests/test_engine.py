@@ -187,6 +187,31 @@ def test_voice_prefix_is_cached_by_content(bundle):
         engine.stop()
 
 
+def test_a_model_that_never_stops_is_cut_at_the_end_of_the_context(bundle):
+    """Frames are KV positions: a stream whose model never says end-of-speech, with a frame
+    budget far past the KV, is cut where the KV ends (reason "context") instead of writing
+    past it (that was an IndexError in the decode thread, and every stream stalled), and
+    its next turn restarts from the voice prefix and is cut the same way."""
+    max_len = 320  # a voice prompt needs 256 positions of room (Engine's "leaves no room")
+    engine = Engine(bundle, EngineConfig(max_running=1, max_queued=0, max_len=max_len)).start()
+    try:
+        sink = Recorder()
+        sink.expected_ends = 2
+        endless = StreamParams(SamplingParams(temperature=0.0, allow_end=False), frame_budget=1024)
+        handle = engine.open(VoiceInput(), endless, sink)
+        assert sink.ready.wait(10)
+        engine.say(handle, 1, TEXTS[0])
+        engine.say(handle, 2, TEXTS[2])
+        assert sink.done.wait(60), sink.ends
+        assert sink.ends == [(1, "context"), (2, "context")] and not sink.errors
+        hop = bundle.codec.hop_length
+        for turn in (1, 2):
+            samples = sum(pcm.size for t, pcm in sink.audio if t == turn)
+            assert samples % hop == 0 and 0 < samples // hop < max_len
+    finally:
+        engine.stop()
+
+
 def test_a_voice_too_long_for_the_context_is_an_error(bundle):
     engine = Engine(bundle, EngineConfig(max_running=1, max_queued=0, max_len=128)).start()
     try:

@@ -201,6 +201,35 @@ def test_context_restarts_from_the_voice_prefix_when_full():
     assert st.position <= 400
 
 
+def test_a_model_that_never_stops_is_cut_at_the_end_of_its_context():
+    """A segment's frames need KV positions after its prompt; a model that never says
+    end-of-speech (untrained, or sampling gone astray) is cut where the KV ends, with
+    reason "context", and no step is launched that would write past it (the service
+    crashed with an IndexError at position max_len before this bound existed)."""
+    max_len = 160
+    s = Scheduler(max_running=1, max_queued=0, max_len=max_len)
+    e = FakeEngine(s, prompt_len=10)
+    st = s.open("x", frame_budget=1024)  # the service's default budget, far past the KV
+    e.prefill_all()
+    s.say(st, Segment(1, "Hi."))  # room_needed is small: the prompt starts at 100
+    positions = []
+    original = s.step_launched
+
+    def launched(batch):
+        positions.extend(b.prompt_end + b.steps for b in batch)  # step k feeds at P0 + k - 1
+        return original(batch)
+
+    s.step_launched = launched
+    e.run()
+    assert e.ends[st.id] == [(1, "context")]
+    assert len(e.emitted[st.id]) == max_len - 110 + 1  # m frames need positions up to P0 + m - 2
+    assert max(positions) == max_len - 1
+    # the next segment no longer fits after this one: it restarts from the voice prefix
+    s.say(st, Segment(2, "Again."))
+    e.run()
+    assert e.prefills[-1][2:] == (100, None, True)
+
+
 def test_each_segment_can_start_from_the_voice_prefix():
     s = Scheduler(max_running=1, max_queued=0, max_len=4096)
     e = FakeEngine(s)
