@@ -47,7 +47,9 @@ VOICE_LAYOUT = TinyLayout(codebook_size=CODEBOOK_SIZE, num_codebooks=NUM_CODEBOO
 
 
 def voice_model_config(layout: TinyLayout = VOICE_LAYOUT, **overrides) -> ModelConfig:
-    """~12.7M parameters (25 MB in bf16; the codec adds 6.7M, 13 MB). On 2 CPU cores the
+    """~11.8M parameters (23.7 MB in bf16; the packaged codec, engine/assets/default, adds
+    7.55M, 15.1 MB: 39.0 MB with the tokenizer, of the 40 allowed; the FFN was 768 wide
+    until the packaged codec came out 0.8M larger than VOICE_CODEC). On 2 CPU cores the
     eager engine spends ~1.1 ms per slow layer and ~1.6 ms per fast codebook step a frame
     (overhead-bound: measured, 2026-11-29, with random weights), so depth and codebooks,
     not width, set the speed: 6 slow layers + 6 codebooks x 2 fast layers ~ 16 ms a frame
@@ -58,7 +60,7 @@ def voice_model_config(layout: TinyLayout = VOICE_LAYOUT, **overrides) -> ModelC
     model never sees a position it was not trained at."""
     base = dict(
         vocab_size=layout.vocab_size, n_layer=6, n_head=6, n_local_heads=2, head_dim=64,
-        dim=384, intermediate_size=768, rope_base=10000.0, norm_eps=1e-6,
+        dim=384, intermediate_size=640, rope_base=10000.0, norm_eps=1e-6,
         max_seq_len=1536, tie_word_embeddings=True, attention_qk_norm=True,
         codebook_size=layout.codebook_size, num_codebooks=layout.num_codebooks,
         semantic_begin_id=layout.semantic_begin_id, semantic_end_id=layout.semantic_end_id,
