@@ -409,15 +409,38 @@ class Engine:
                     self.sched.step_launched(batch)
                     slots = [s.slot for s in batch]
                     kv_len = max(s.prompt_end + s.steps for s in batch)
-            if batch:
-                launched = (self.runner.launch(slots, kv_len), batch, segments)
-                self.steps += 1
-            if pending is not None:
-                self._read_step(*pending)
-            pending = launched
-            if self.config.naive and pending is not None:  # host sync after every step
-                self._read_step(*pending)
+            try:
+                if batch:
+                    launched = (self.runner.launch(slots, kv_len), batch, segments)
+                    self.steps += 1
+                if pending is not None:
+                    self._read_step(*pending)
+                pending = launched
+                if self.config.naive and pending is not None:  # host sync after every step
+                    self._read_step(*pending)
+                    pending = None
+            except Exception as e:  # one failed step must not stall every stream
+                # the streams of this step and of the one in flight with it
+                failed = {id(st): st for st in [*batch, *(pending[1] if pending is not None else [])]}
+                self._fail_decoding(list(failed.values()), e)
                 pending = None
+
+    def _fail_decoding(self, streams: list[Stream], e: Exception) -> None:
+        """A decode step raised: the streams it held (in the failed step, or in the step
+        in flight with it) hear an `internal` error and lose their turns in progress, as a
+        barge-in would drop them; the loop goes on for everyone else and for their next
+        turns."""
+        log.exception("decode step failed", exc_info=e)
+        with self._lock:
+            for stream in streams:
+                handle: EngineStream = stream.owner
+                handle.dropped_below = handle.latest_turn + 1
+            self.sched.step_failed(streams)
+            self._lock.notify_all()
+        for stream in streams:
+            handle = stream.owner
+            if not handle.closed:
+                handle.sink.on_error("internal", f"decode failed: {e}")
 
     def _read_step(self, handle, batch: list[Stream], segments: list[tuple[int, int]]) -> None:
         frames = self.runner.read(handle)

@@ -310,6 +310,15 @@ class Scheduler:
             s.inflight -= 1
             self._try_release(s)
 
+    def step_failed(self, streams: list[Stream]) -> None:
+        """A decode step raised: nothing of these streams is in flight any more (their
+        steps will never be read), and their turns in progress are dropped as cancel drops
+        them; a stream closing meanwhile is released."""
+        for s in streams:
+            s.inflight = 0
+            self.cancel(s)
+            self._try_release(s)
+
     # --- internals --------------------------------------------------------------------
 
     def _schedule_segment(self, stream: Stream) -> None:

@@ -212,6 +212,52 @@ def test_a_model_that_never_stops_is_cut_at_the_end_of_the_context(bundle):
         engine.stop()
 
 
+def test_a_failed_decode_step_fails_its_streams_and_the_engine_goes_on(bundle):
+    """A decode step that raises (a device error, a bug) must not stall the service: the
+    streams in it hear an `internal` error and lose their turn in progress; their next
+    turns, and a stream that was idle meanwhile, speak as before."""
+    engine = Engine(bundle, EngineConfig(max_running=3, max_queued=0, max_len=512)).start()
+    try:
+        long = StreamParams(SamplingParams(temperature=0.0, allow_end=False), frame_budget=400)
+        short = StreamParams(SamplingParams(temperature=0.0, allow_end=False), frame_budget=6)
+        a, b, idle = Recorder(), Recorder(), Recorder()
+        ha, hb = engine.open(VoiceInput(), long, a), engine.open(VoiceInput(), long, b)
+        hi = engine.open(VoiceInput(), short, idle)
+        assert a.ready.wait(10) and b.ready.wait(10) and idle.ready.wait(10)
+        launch, calls = engine.runner.launch, []
+
+        def failing_launch(slots, kv_len):
+            calls.append(len(slots))
+            if len(calls) == 5:
+                raise RuntimeError("injected device fault")
+            return launch(slots, kv_len)
+
+        engine.runner.launch = failing_launch
+        engine.say(ha, 1, TEXTS[1])
+        engine.say(hb, 1, TEXTS[1])
+        assert a.done.wait(10) and b.done.wait(10)
+        for sink in (a, b):
+            assert sink.errors and sink.errors[0][0] == "internal" and "injected" in sink.errors[0][1]
+        deadline = time.monotonic() + 5
+        while engine.stats()["streams_decoding"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert engine.stats()["streams_decoding"] == 0  # the 400-frame turns were dropped
+        # the engine goes on: the idle stream, and the failed streams' next turns, speak
+        for h, sink in ((hi, idle), (ha, a)):
+            sink.done.clear()
+            sink.ends.clear()
+            sink.expected_ends = 1
+            engine.say(h, 2, TEXTS[0])
+        assert idle.done.wait(20) and idle.ends == [(2, "budget")] and not idle.errors
+        assert any(t == 2 for t, _ in idle.audio)
+        deadline = time.monotonic() + 20
+        while not any(t == 2 for t, _ in a.audio) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert any(t == 2 for t, _ in a.audio) and len(a.errors) == 1
+    finally:
+        engine.stop()
+
+
 def test_a_voice_too_long_for_the_context_is_an_error(bundle):
     engine = Engine(bundle, EngineConfig(max_running=1, max_queued=0, max_len=128)).start()
     try:
