@@ -131,6 +131,10 @@ class EngineStream:
     def wanted(self, turn: int) -> bool:
         return not self.closed and turn >= self.dropped_below
 
+    def drop_turns(self) -> None:
+        """Every turn handed over so far is dropped: no more of its audio is delivered."""
+        self.dropped_below = self.latest_turn + 1
+
     # codec worker callbacks
     def audio(self, turn: int, pcm: np.ndarray) -> None:
         if self.wanted(turn):
@@ -226,7 +230,7 @@ class Engine:
     def cancel(self, handle: EngineStream) -> None:
         """Barge-in: drop every turn handed over so far; no more of their audio arrives
         (queued codec work for them is skipped)."""
-        handle.dropped_below = handle.latest_turn + 1
+        handle.drop_turns()
         with self._lock:
             self.sched.cancel(handle.sched)
             self._lock.notify_all()
@@ -433,8 +437,7 @@ class Engine:
         log.exception("decode step failed", exc_info=e)
         with self._lock:
             for stream in streams:
-                handle: EngineStream = stream.owner
-                handle.dropped_below = handle.latest_turn + 1
+                stream.owner.drop_turns()
             self.sched.step_failed(streams)
             self._lock.notify_all()
         for stream in streams:

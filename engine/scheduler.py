@@ -70,7 +70,6 @@ class Stream:
     current: Segment | None = None  # the segment being prefilled or decoded
     turn: int | None = None  # the most recent turn (what cancel rolls back)
     prompt_end: int = 0  # P0 of the current segment
-    budget: int = 0  # the current segment's frame budget (frame_budget, or less: the KV room)
     frames: int = 0  # frames emitted in the current segment
     steps: int = 0  # decode steps launched for the current segment
     closing: Closing | None = None
@@ -254,7 +253,6 @@ class Scheduler:
         stream joins the decode batch (False: cancelled or closed meanwhile)."""
         stream.prefill_busy = False
         stream.prompt_end = work.start + prompt_len
-        stream.budget = max(1, min(stream.frame_budget, self.max_len - stream.prompt_end + 1))
         stream.frames, stream.steps = 0, 0
         if not stream.live or stream.cancel_pending:
             stream.cancel_pending = False
@@ -279,7 +277,7 @@ class Scheduler:
     def decode_batch(self) -> list[Stream]:
         """Streams that step next: decoding, with segment budget left (f0 came from the
         prefill, so a budget of m frames takes m - 1 steps)."""
-        batch = [s for s in self.streams.values() if s.phase is Phase.DECODING and s.steps < s.budget - 1]
+        batch = [s for s in self.streams.values() if s.phase is Phase.DECODING and s.steps < self._budget(s) - 1]
         return batch[:1] if self.serial else batch
 
     def step_launched(self, batch: list[Stream]) -> list[int]:
@@ -299,10 +297,10 @@ class Scheduler:
             self._finish_segment(stream, cut_frame=None)
             return FrameOutcome(emit=False, segment_done=True, reason="end")
         stream.frames += 1
-        if stream.frames >= stream.budget:
+        budget = self._budget(stream)
+        if stream.frames >= budget:
             self._finish_segment(stream, cut_frame=frame)
-            reason = "budget" if stream.budget == stream.frame_budget else "context"
-            return FrameOutcome(emit=True, segment_done=True, reason=reason)
+            return FrameOutcome(emit=True, segment_done=True, reason="budget" if budget == stream.frame_budget else "context")
         return FrameOutcome(emit=True)
 
     def step_read(self, batch: list[Stream]) -> None:
@@ -320,6 +318,11 @@ class Scheduler:
             self._try_release(s)
 
     # --- internals --------------------------------------------------------------------
+
+    def _budget(self, stream: Stream) -> int:
+        """The current segment's frame budget: the stream's, or the KV room after the
+        segment's prompt if that is less (m frames need positions up to P0 + m - 2)."""
+        return max(1, min(stream.frame_budget, self.max_len - stream.prompt_end + 1))
 
     def _schedule_segment(self, stream: Stream) -> None:
         if stream.phase is Phase.IDLE and stream.segments and not stream.prefill_busy:

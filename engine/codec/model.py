@@ -125,14 +125,6 @@ class Decoder(nn.Module):
         layers += [Snake1d(out_dim), CausalConv1d(out_dim, 1, kernel_size=7), nn.Tanh()]
         self.model = nn.Sequential(*layers)
 
-    @property
-    def head(self) -> SpectralHead:
-        return self.model[-1]
-
-    def hidden(self, z: Tensor) -> Tensor:
-        """[B, latent, T] -> the head's input [B, decoder_dim, T]."""
-        return self.model[:-1](z)
-
     def forward(self, z: Tensor) -> Tensor:
         # z: [B, latent, T] -> [B, 1, T * prod(decoder_rates)]
         return self.model(z)

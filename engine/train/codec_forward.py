@@ -67,13 +67,18 @@ def use_fused_snake_(codec: Codec) -> Codec:
     return codec
 
 
+def codec_vqs(codec: Codec) -> list[VectorQuantizer]:
+    """Every quantizer of the codec: the semantic one first, then the residual ones."""
+    q = codec.quantizer
+    return [*q.semantic_quantizer.quantizers, *q.quantizer.quantizers]
+
+
 @torch.no_grad()
 def normalize_codebooks_(codec: Codec) -> Codec:
     """Every codebook row at unit length: a codec trained with unit codes
     (CodecTrainer.unit_codes) decodes normalized rows, and the inference quantizer
     (engine/codec/quantizer.py) looks its rows up as they are stored."""
-    q = codec.quantizer
-    for vq in (*q.semantic_quantizer.quantizers, *q.quantizer.quantizers):
+    for vq in codec_vqs(codec):
         vq.codebook.weight.copy_(F.normalize(vq.codebook.weight.float()).to(vq.codebook.weight.dtype))
     return codec
 
@@ -84,7 +89,7 @@ def init_codec_(codec: Codec, seed: int = 0) -> Codec:
     direction and every frame picks the same code), N(0, 0.02) for the transformers'
     linears; the codebooks are seeded from data at the first step (CodecTrainer)."""
     gen = torch.Generator().manual_seed(seed)
-    for vq in (*codec.quantizer.semantic_quantizer.quantizers, *codec.quantizer.quantizer.quantizers):
+    for vq in codec_vqs(codec):
         if vq.in_proj is not None:
             nn.init.zeros_(vq.in_proj.bias)
     for m in codec.modules():
@@ -187,8 +192,7 @@ class CodecTrainer(nn.Module):
         return q.pre_module(q.downsample(self.codec.encoder(audio[:, None])))
 
     def vqs(self) -> list[VectorQuantizer]:
-        q = self.codec.quantizer
-        return [*q.semantic_quantizer.quantizers, *q.quantizer.quantizers]
+        return codec_vqs(self.codec)
 
     def forward(self, audio: Tensor) -> tuple[Tensor, VQOut]:
         # audio: [B, T] with T a multiple of hop_length -> reconstruction [B, T]

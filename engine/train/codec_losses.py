@@ -68,15 +68,21 @@ class ReconstructionLoss(nn.Module):
 HEAD_FLOOR = 1e-4  # magnitudes below this (~-80 dB of full scale per bin) count as this
 
 
-def frame_log_magnitude(x: Tensor, window: Tensor, hop: int, lookahead: int = 0) -> Tensor:
-    """x [B, T] (T a multiple of hop) -> log |rfft(window * frame)| of the "istft" head's
-    frames: frame t covers samples [(t - lookahead) * hop, (t - lookahead) * hop + n_fft)
-    (zeros outside x), floored at HEAD_FLOOR: [B, T / hop, n_fft // 2 + 1], fp32.
-    `window` is the head's analysis window (SpectralHead.analysis_window)."""
+def frame_spectrum(x: Tensor, window: Tensor, hop: int, lookahead: int = 0) -> Tensor:
+    """x [B, T] (T a multiple of hop) -> rfft(window * frame) of the "istft" head's frames:
+    frame t covers samples [(t - lookahead) * hop, (t - lookahead) * hop + n_fft) (zeros
+    outside x): complex [B, T / hop, n_fft // 2 + 1]. `window` is the head's analysis
+    window (SpectralHead.analysis_window): with this spectrum's own phase, the head's
+    synthesis gives x back."""
     n_fft = window.shape[0]
     left = lookahead * hop
     frames = F.pad(x.float(), (left, n_fft - hop - left)).unfold(-1, n_fft, hop)
-    return torch.log(torch.fft.rfft(frames * window).abs().clamp(min=HEAD_FLOOR))
+    return torch.fft.rfft(frames * window)
+
+
+def frame_log_magnitude(x: Tensor, window: Tensor, hop: int, lookahead: int = 0) -> Tensor:
+    """log |frame_spectrum|, floored at HEAD_FLOOR: [B, T / hop, n_fft // 2 + 1], fp32."""
+    return torch.log(frame_spectrum(x, window, hop, lookahead).abs().clamp(min=HEAD_FLOOR))
 
 
 def head_spectrum_loss(log_magnitude: Tensor, x: Tensor, window: Tensor, hop: int, lookahead: int = 0) -> Tensor:

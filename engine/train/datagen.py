@@ -37,10 +37,7 @@ def _init_worker(threads: int) -> None:
 
 
 def speak(item: dict, speaker) -> np.ndarray:
-    from engine.train.speakers import apply
-
-    y = _voice.synthesize(item["ids"], speaker.length_scale, speaker.noise_w)
-    return apply(y, _voice.sample_rate, speaker)
+    return _voice.speak(item["ids"], speaker)
 
 
 def _make_shard(job: tuple[Path, list[dict], int]) -> tuple[list[dict], float]:

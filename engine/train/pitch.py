@@ -1,8 +1,9 @@
-"""F0 and voicing of training audio, per codec hop: the targets of a source-filter
-decoder's pitch head (engine/codec/excitation.py). Autocorrelation over a 46 ms Hann
-window (by FFT, divided by the window's own autocorrelation), the first lag within 85%
-of the best peak (multiples of the period score as high), refined by a parabola. Built
-for clean single-voice speech; batched, runs on the training device."""
+"""F0 and voicing of training audio, per codec hop, for scripts/voice/phase_probe.py (with
+engine/train/excitation.py, the source of its source-phase and source-filter variants;
+no codec uses either). Autocorrelation over a 46 ms Hann window (by FFT, divided by the
+window's own autocorrelation), the first lag within 85% of the best peak (multiples of
+the period score as high), refined by a parabola. Built for clean single-voice speech;
+batched, runs on the training device."""
 
 from __future__ import annotations
 

@@ -46,3 +46,10 @@ class PiperVoice:
         y = self.session.run(None, {"input": x, "input_lengths": np.asarray([x.shape[1]], dtype=np.int64),
                                     "scales": scales})[0]
         return np.clip(y.reshape(-1), -1.0, 1.0).astype(np.float32)
+
+    def speak(self, ids: list[int], speaker) -> np.ndarray:
+        """Phoneme ids -> the audio of pseudo-speaker `speaker` (engine/train/speakers.py) at
+        this voice's rate: what the teacher data holds."""
+        from engine.train.speakers import apply
+
+        return apply(self.synthesize(ids, speaker.length_scale, speaker.noise_w), self.sample_rate, speaker)

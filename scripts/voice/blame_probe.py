@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from engine.codec.layers import LOG_MAGNITUDE_MAX
 from engine.codec.loader import load_codec
 from engine.codec.model import SpectralDecoder
-from engine.train.codec_losses import HEAD_FLOOR, ReconstructionLoss
+from engine.train.codec_losses import HEAD_FLOOR, ReconstructionLoss, frame_spectrum
 from engine.train.evaluate import WER, Recognizer
 
 
@@ -39,9 +39,7 @@ def variants(codec, x: torch.Tensor) -> dict[str, torch.Tensor]:
     x = F.pad(x, (0, -x.shape[-1] % codec.hop_length))
     h = decoder.hidden(codec.quantizer.decode(codec.encode(x[None])))
     log_magnitude, phase = head.spectrum(h)
-    left = decoder.lookahead * head.hop
-    frames = F.pad(x[None], (left, head.n_fft - head.hop - left)).unfold(-1, head.n_fft, head.hop)
-    true = torch.fft.rfft(frames * head.analysis_window())
+    true = frame_spectrum(x[None], head.analysis_window(), head.hop, decoder.lookahead)
     true_log = torch.log(true.abs().clamp(min=HEAD_FLOOR)).clamp(max=LOG_MAGNITUDE_MAX)
     true_phase = torch.angle(true)
     spectra = {
@@ -62,13 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from engine.train.phonemes import Espeak, phoneme_ids
-    from engine.train.speakers import SPEAKERS, apply
+    from engine.train.corpus import plain_sentences
+    from engine.train.speakers import SPEAKERS
     from engine.train.teacher import PiperVoice
 
     torch.set_num_threads(2)
     codec = load_codec(a.codec / "codec.pth", dtype=torch.float32)
-    lines = [s.strip() for s in (Path(__file__).parents[2] / "engine/train/plain_sentences.txt").read_text().splitlines()
-             if s.strip() and not s.startswith("#")][: a.sentences]
+    lines = [item["text"] for item in plain_sentences()][: a.sentences]
     voice, espeak, asr = PiperVoice(threads=2), Espeak(), Recognizer()
     if voice.sample_rate != codec.sample_rate:
         raise SystemExit(f"teacher at {voice.sample_rate} Hz, codec at {codec.sample_rate} Hz")
@@ -78,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for si in [int(s) for s in a.speakers.split(",")]:
         speaker = SPEAKERS[si]
         for text in lines:
-            ids = phoneme_ids(espeak.phonemize(text), voice.id_map)
-            y = apply(voice.synthesize(ids, speaker.length_scale, speaker.noise_w), voice.sample_rate, speaker)
+            y = voice.speak(phoneme_ids(espeak.phonemize(text), voice.id_map), speaker)
             x = torch.from_numpy(y.astype(np.float32))
             for name, z in variants(codec, x).items():
                 z = z[: x.shape[-1]]

@@ -11,24 +11,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.train.corpus import plain_sentences
 from engine.train.opus_io import OggOpusWriter
 from engine.train.phonemes import Espeak, phoneme_ids
-from engine.train.speakers import SPEAKERS, apply
+from engine.train.speakers import SPEAKERS
 from engine.train.teacher import PiperVoice
 
-ROOT = Path(__file__).parents[2]
-OUT = ROOT / "tests/fixtures/voice"
-PLAIN = [s.strip() for s in (ROOT / "engine/train/plain_sentences.txt").read_text().splitlines()
-         if s.strip() and not s.startswith("#")]
+OUT = Path(__file__).parents[2] / "tests/fixtures/voice"
+PLAIN = [item["text"] for item in plain_sentences()]
 
 
 def main() -> int:
     voice, espeak = PiperVoice(threads=2), Espeak()
     rows = []
     for i, (speaker, text) in enumerate(zip((0, 0, 4, 4), PLAIN[12:16])):
-        s = SPEAKERS[speaker]
-        y = apply(voice.synthesize(phoneme_ids(espeak.phonemize(text), voice.id_map), s.length_scale, s.noise_w),
-                  voice.sample_rate, s)
+        y = voice.speak(phoneme_ids(espeak.phonemize(text), voice.id_map), SPEAKERS[speaker])
         name = f"plain-{i}.ogg"
         writer = OggOpusWriter(OUT / name, voice.sample_rate)
         writer.write(y)

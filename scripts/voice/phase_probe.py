@@ -98,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from engine.train.phonemes import Espeak, phoneme_ids
-    from engine.train.speakers import SPEAKERS, apply
+    from engine.train.corpus import plain_sentences
+    from engine.train.speakers import SPEAKERS
     from engine.train.teacher import PiperVoice
 
-    lines = [s.strip() for s in (Path(__file__).parents[2] / "engine/train/plain_sentences.txt").read_text().splitlines()
-             if s.strip() and not s.startswith("#")][: a.sentences]
+    lines = [item["text"] for item in plain_sentences()][: a.sentences]
     voice, espeak, asr = PiperVoice(threads=2), Espeak(), Recognizer()
     loss = ReconstructionLoss(voice.sample_rate)
     wers: dict[str, WER] = {}
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for si in [int(s) for s in a.speakers.split(",")]:
         speaker = SPEAKERS[si]
         for i, text in enumerate(lines):
-            ids = phoneme_ids(espeak.phonemize(text), voice.id_map)
-            y = apply(voice.synthesize(ids, speaker.length_scale, speaker.noise_w), voice.sample_rate, speaker)
+            y = voice.speak(phoneme_ids(espeak.phonemize(text), voice.id_map), speaker)
             x = torch.from_numpy(y.astype(np.float64))
             outs = {"teacher": x, **variants(x, voice.sample_rate, seed=i)}
             for name, z in outs.items():
