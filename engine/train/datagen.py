@@ -73,14 +73,16 @@ def audio_seconds(rows: list[dict]) -> tuple[float, float]:
 
 
 def plan(text_path: Path, hours: float, test_utterances: int, n_speakers: int, seed: int,
-         shard_items: int) -> list[list[dict]]:
+         shard_items: int, exclude: frozenset = frozenset()) -> list[list[dict]]:
     """Chunks of items (each with its speaker) in generation order: the held-out sets first
     (`test_utterances` Austen sentences, then every plain sentence), then training sentences
     in a seeded random order (more than `hours` need; generation stops once enough audio is
-    made)."""
+    made). Sentences whose id is in `exclude` (another data folder's) are left out, so a
+    second folder adds new sentences only."""
     items = [json.loads(line) for line in text_path.read_text().splitlines() if line.strip()]
     if items and "ids" not in items[0]:
         raise ValueError(f"{text_path}: no phoneme ids; run engine.train.corpus where espeak-ng is installed")
+    items = [it for it in items if it["id"] not in exclude]
     rng = random.Random(seed)
     test = [it for it in items if it["split"] == "test"][:test_utterances]
     test += [it for it in items if it["split"] == "plain"]
@@ -99,12 +101,19 @@ def plan(text_path: Path, hours: float, test_utterances: int, n_speakers: int, s
     return [ordered[i : i + shard_items] for i in range(0, len(ordered), shard_items)]
 
 
+def manifest_ids(folders: list[Path]) -> frozenset:
+    """Every utterance id of these data folders' manifests."""
+    return frozenset(json.loads(line)["id"] for folder in folders
+                     for line in (folder / "manifest.jsonl").read_text().splitlines() if line.strip())
+
+
 def generate(text_path: Path, out: Path, hours: float, test_utterances: int, workers: int,
-             seed: int = 0, shard_items: int = 150, bitrate: int = 32_000) -> dict:
+             seed: int = 0, shard_items: int = 150, bitrate: int = 32_000,
+             exclude: frozenset = frozenset()) -> dict:
     from engine.train.speakers import SPEAKERS
 
     (out / "shards").mkdir(parents=True, exist_ok=True)
-    chunks = plan(text_path, hours, test_utterances, len(SPEAKERS), seed, shard_items)
+    chunks = plan(text_path, hours, test_utterances, len(SPEAKERS), seed, shard_items, exclude)
     jobs = [(out / "shards" / f"{i:05d}.ogg", chunk, bitrate) for i, chunk in enumerate(chunks)]
     (out / "speakers.json").write_text(json.dumps([dataclasses.asdict(s) for s in SPEAKERS], indent=1))
     t0, seconds, rows, cpu = time.perf_counter(), 0.0, [], 0.0
@@ -149,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-items", type=int, default=150, help="utterances per shard")
     p.add_argument("--bitrate", type=int, default=32_000, help="Opus bits per second")
+    p.add_argument("--exclude", type=Path, action="append", default=[], metavar="FOLDER",
+                   help="another data folder: its sentences (held-out ones included) are not spoken "
+                        "again (more training data; pass --test-utterances 0)")
     args = p.parse_args(argv)
     stats = generate(args.text, args.out, args.hours, args.test_utterances, args.workers, args.seed,
-                     args.shard_items, args.bitrate)
+                     args.shard_items, args.bitrate, manifest_ids(args.exclude))
     print(json.dumps(stats), file=sys.stderr)
     return 0
 
