@@ -616,6 +616,26 @@ def test_training_forward_matches_the_serving_path():
         assert torch.allclose(fast_logits(model, fin, codes), served, atol=1e-4)
 
 
+def test_frame_dropout_zeroes_frames_and_keeps_the_text():
+    from engine.model import DualARModel
+    from engine.train.lm_forward import drop_frames
+
+    config = tiny_model_config()
+    model = init_weights_(DualARModel(config))
+    tokens = SequenceBuilder(fake_codes(), tokenizer(), config).build([0], [2]).tokens[None]
+    ids = tokens[0, 0]
+    frame = (ids >= config.semantic_begin_id) & (ids <= config.semantic_end_id)
+    assert frame.sum() > 20 and (~frame).sum() > 5
+    x = model.embed(tokens)
+    everything = drop_frames(model, tokens, x, 1.0)[0]
+    assert (everything[frame] == 0).all() and torch.equal(everything[~frame], x[0, ~frame])
+    torch.manual_seed(0)
+    half = drop_frames(model, tokens, x, 0.5)[0]
+    zeroed = (half == 0).all(-1)
+    assert not zeroed[~frame].any() and 0.25 < zeroed[frame].float().mean() < 0.75
+    assert torch.equal(half[~zeroed], x[0, ~zeroed])  # kept frames are not rescaled
+
+
 def _train_on_a_fixed_batch(steps: int, **loss_options) -> list:
     """The LossOut of each of `steps` AdamW steps of a tiny model on one batch of 3 sequences."""
     from engine.model import DualARModel

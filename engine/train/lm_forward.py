@@ -81,9 +81,27 @@ def guided_attention_loss(q: Tensor, k: Tensor, align: Tensor, sigma: float) -> 
     return (attn * weight).sum(-1)[rows].mean()
 
 
-def slow_hidden(model: DualARModel, tokens: Tensor, dropout: float = 0.0, guide: Guide | None = None) -> Tensor:
+def drop_frames(model: DualARModel, tokens: Tensor, x: Tensor, p: float) -> Tensor:
+    """x [B, L, D] with each frame position's input (its semantic token + codes) zeroed with
+    probability p; text positions are kept. Training only, like the prenet dropout of
+    Tacotron: teacher-forced with every previous frame intact, a small model predicts the
+    next frame from the frames it has seen and memorizes the training utterances (held-out
+    slow loss rising from step 250 while the training accuracy reaches 0.98, measured on
+    4.7 h, 2026-12-02); with frames missing it must read the text through attention. No
+    rescaling: kept frames look exactly as they do when serving."""
+    c = model.config
+    ids = tokens[:, 0]
+    frame = (ids >= c.semantic_begin_id) & (ids <= c.semantic_end_id)  # [B, L]
+    drop = frame & (torch.rand(frame.shape, device=x.device) < p)
+    return x.masked_fill(drop[..., None], 0.0)
+
+
+def slow_hidden(model: DualARModel, tokens: Tensor, dropout: float = 0.0, guide: Guide | None = None,
+                frame_dropout: float = 0.0) -> Tensor:
     """tokens [B, 1 + C, L] -> last-layer hidden [B, L, D] (before the final norm)."""
     x = model.embed(tokens)
+    if frame_dropout > 0:
+        x = drop_frames(model, tokens, x, frame_dropout)
     cos_sin = model.rope[: tokens.shape[-1]][None]
     for i, layer in enumerate(model.layers):
         x = block_forward(layer, x, cos_sin, dropout, guide if guide is not None and i in guide.layers else None)
@@ -131,12 +149,13 @@ class LossOut:
 
 
 def losses(model: DualARModel, batch: Batch, fast_weight: float = 1.0, max_fast_rows: int | None = None,
-           dropout: float = 0.0, guide_layers: tuple = (), guide_sigma: float = 0.2, guide_weight: float = 1.0
-           ) -> LossOut:
-    """`guide_layers`: the slow layers under the guided-attention loss (none: no guide)."""
+           dropout: float = 0.0, guide_layers: tuple = (), guide_sigma: float = 0.2, guide_weight: float = 1.0,
+           frame_dropout: float = 0.0) -> LossOut:
+    """`guide_layers`: the slow layers under the guided-attention loss (none: no guide);
+    `frame_dropout`: drop_frames's probability (training only)."""
     c = model.config
     guide = Guide(batch.align, tuple(guide_layers), guide_sigma) if guide_layers else None
-    h = slow_hidden(model, batch.tokens, dropout, guide)
+    h = slow_hidden(model, batch.tokens, dropout, guide, frame_dropout)
     guide_loss = torch.stack(guide.losses).mean() if guide and guide.losses else h.new_zeros((), dtype=torch.float)
     mask = batch.slow != IGNORE  # [B, L]
     logits, fast_in = heads(model, h[mask])

@@ -45,6 +45,7 @@ class LMTrainConfig:
     max_fast_rows: int = 65_536
     loader_workers: int = 4
     dropout: float = 0.1
+    frame_dropout: float = 0.0  # lm_forward.drop_frames: share of frame inputs zeroed in training
     # guided attention (lm_forward.guided_attention_loss): weight 0 turns it off
     guide_weight: float = 1.0
     guide_layers: tuple = (1, 2, 3)
@@ -134,7 +135,7 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
         batch = next(loader).to(device)
         with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
             result = losses(model, batch, cfg.fast_weight, cfg.max_fast_rows, cfg.dropout,
-                            cfg.guided, cfg.guide_sigma, cfg.guide_weight)
+                            cfg.guided, cfg.guide_sigma, cfg.guide_weight, cfg.frame_dropout)
         optimizer.zero_grad(set_to_none=True)
         result.loss.backward()
         grad = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
