@@ -216,6 +216,22 @@ def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
                     exclude=manifest_ids([tmp_path / "audio"]))
     rows = [json.loads(line) for line in (tmp_path / "more/manifest.jsonl").read_text().splitlines()]
     assert more["utterances"] == 1 and [(r["id"], r["split"]) for r in rows] == [("s1", "train")]
+    # its codes are added to those already made: the same set as both folders encoded at once
+    from engine.train.codec_train import export, main
+
+    export(Codec(dataclasses.replace(CODEC, sample_rate=22050)), tmp_path / "codec", torch.float32)
+    encode = ["encode", "--codec", str(tmp_path / "codec"), "--device", "cpu", "--workers", "1"]
+    main(encode + ["--data", str(tmp_path / "audio"), "--to", str(tmp_path / "first.npz")])
+    main(encode + ["--data", str(tmp_path / "more"), "--append", str(tmp_path / "first.npz"),
+                   "--to", str(tmp_path / "added.npz")])
+    main(encode + ["--data", str(tmp_path / "audio"), "--data", str(tmp_path / "more"), "--to", str(tmp_path / "both.npz")])
+    added, both = CodeSet.load(tmp_path / "added.npz"), CodeSet.load(tmp_path / "both.npz")
+    assert added.ids == both.ids == ["s2", "s1"] and added.splits == both.splits and added.texts == both.texts
+    assert np.array_equal(added.offsets, both.offsets) and np.array_equal(added.codes, both.codes)
+    assert both.frames(1) > 0 and torch.equal(added.utterance(1), both.utterance(1))
+    with pytest.raises(ValueError, match="in both sets"):  # the same folder twice would weigh it double
+        main(encode + ["--data", str(tmp_path / "more"), "--append", str(tmp_path / "added.npz"),
+                       "--to", str(tmp_path / "twice.npz")])
 
 
 # --- codec --------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ the data set into codes for the DualAR model.
     # encode every utterance (train + held-out) into codes.npz for the model's training
     python -m engine.train.codec_train encode --codec runs/codec/export --data data/voice/audio \
         --to runs/codec/codes.npz
+    # more teacher data later: encode only the new folder and add it to the codes made
+    python -m engine.train.codec_train encode --codec runs/codec/export --data data/voice/audio3 \
+        --append runs/codec/codes.npz --to runs/codec/codes-more.npz
 
 Losses: multi-scale log-mel L1 (x15, DAC's weight), multi-resolution STFT (x1), VQ
 commitment (x0.25) and codebook (x1), and a small codebook-usage entropy loss (x0.1). No
@@ -356,6 +359,23 @@ def encode_set(codec: Codec, data: list[Path], device: str, workers: int = 1, ba
             "texts": np.array([u.text for u in us]), "splits": np.array([u.split for u in us])}
 
 
+def merge_code_sets(first: dict, second: dict) -> dict:
+    """One code set of two (encode_set's dicts, or np.load of its files): the utterances of
+    `first`, then those of `second`. Lets more teacher data be encoded alone and added to
+    codes already made (encode --append). Refuses sets of different codebook counts and
+    repeated utterance ids (the same folder encoded twice would weigh its sentences double)."""
+    if first["codes"].shape[0] != second["codes"].shape[0]:
+        raise ValueError(f"codebook counts differ: {first['codes'].shape[0]} vs {second['codes'].shape[0]}")
+    repeated = set(map(str, first["ids"])) & set(map(str, second["ids"]))
+    if repeated:
+        raise ValueError(f"{len(repeated)} utterance ids are in both sets (e.g. {sorted(repeated)[0]!r})")
+    offsets = np.concatenate([first["offsets"], first["offsets"][-1] + second["offsets"][1:]])
+    merged = {"codes": np.concatenate([first["codes"], second["codes"]], axis=1), "offsets": offsets}
+    for key in ("ids", "speakers", "texts", "splits"):
+        merged[key] = np.concatenate([np.asarray(first[key]), np.asarray(second[key])])
+    return merged
+
+
 # --- command line ----------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--to", type=Path, required=True)
     c.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     c.add_argument("--workers", type=int, default=4)
+    c.add_argument("--append", type=Path, metavar="CODES_NPZ",
+                   help="codes already made: the result is those followed by the new folders' codes")
     args = p.parse_args(argv)
     if args.command == "train":
         config = CodecConfig.from_json(args.codec_config.read_text()) if args.codec_config else VOICE_CODEC
@@ -420,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         codec = load_codec(args.codec / "codec.pth", device=args.device, dtype=torch.float32)
         t0 = time.perf_counter()
         result = encode_set(codec, args.data, args.device, args.workers)
+        if args.append:
+            with np.load(args.append) as earlier:
+                result = merge_code_sets(dict(earlier), result)
         args.to.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(args.to, **result)
         print(f"{len(result['ids'])} utterances, {result['codes'].shape[1]} frames in "
