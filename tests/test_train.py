@@ -787,6 +787,20 @@ def test_half_state_is_half_the_bytes_and_restores_within_fp16_rounding(tmp_path
             assert torch.allclose(a, b, rtol=1e-3, atol=1e-7), k
         assert a.dtype == b.dtype
     assert torch.equal(other.uses, model.uses) and torch.equal(other.huge, model.huge)
+    # a state that came back in fp32 (with moments) halved afterwards: the same bytes and values
+    from engine.train.lm_train import main
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sum(p.float().square().sum() for p in model.parameters()).backward()
+    opt.step()
+    checkpoints.save(tmp_path / "returned", model, opt, 5, {"note": 2})
+    assert list((tmp_path / "returned").glob("moments-*"))
+    main(["half-state", "--state", str(tmp_path / "returned"), "--to", str(tmp_path / "halved")])
+    assert size("halved") == size("half") and not list((tmp_path / "halved").glob("moments-*"))
+    st = checkpoints.load(tmp_path / "halved", other, torch.optim.AdamW(other.parameters()))
+    assert st["step"] == 5 and st["extra"] == {"note": 2} and not st["has_moments"]
+    for (k, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-7) and a.dtype == b.dtype, k
 
 
 def test_export_loads_through_the_bundle_and_speaks(tmp_path: Path):

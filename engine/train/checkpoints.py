@@ -79,6 +79,23 @@ def save(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer 
     (folder / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
+def halve(folder: str | Path, to: str | Path, max_file_bytes: int = MAX_FILE_BYTES) -> dict:
+    """A copy of the state in `folder` with its parameters in fp16 (as `half_params`) and no
+    moments, written into `to`: a state returned in fp32 becomes small enough to travel
+    beside more data in the next call (the resume re-warms the learning rate)."""
+    folder, to = Path(folder), Path(to)
+    if folder.resolve() == to.resolve():
+        raise ValueError("halve writes a new folder; it does not overwrite its source")
+    state = json.loads((folder / STATE_FILE).read_text())
+    params = {k: _stored(v, True) for k, v in _unpack(folder, state["params"]).items()}
+    to.mkdir(parents=True, exist_ok=True)
+    for old in to.glob("*.safetensors"):
+        old.unlink()
+    state = dict(state, params=_pack(params, "params", to, max_file_bytes), moments=[])
+    (to / STATE_FILE).write_text(json.dumps(state, indent=1))
+    return state
+
+
 def _moments(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
     out = {}
     for name, p in model.named_parameters():

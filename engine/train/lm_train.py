@@ -3,6 +3,8 @@ voice-cloning references, resumably; export it with the codec as a checkpoint fo
 
     python -m engine.train.lm_train train --codes runs/codec/codes.npz --out runs/lm --minutes 9
     python -m engine.train.lm_train export --out runs/lm --codec runs/codec/export --to runs/voice
+    # to resume with more data in the upload: the state's parameters in fp16, no moments
+    python -m engine.train.lm_train half-state --state runs/lm/state --to runs/lm-half
 
 Loss: cross-entropy of the slow head over the semantic rows + <|im_end|> (what the engine
 samples) at every assistant position, plus the mean cross-entropy of the fast transformer
@@ -232,8 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
     e.add_argument("--to", type=Path, required=True)
     e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    h = sub.add_parser("half-state", help="a copy of a state with fp16 parameters and no moments (half the upload)")
+    h.add_argument("--state", type=Path, required=True, help="a state folder (state.json + params-*)")
+    h.add_argument("--to", type=Path, required=True)
     args = p.parse_args(argv)
-    if args.command == "train":
+    if args.command == "half-state":
+        state = checkpoints.halve(args.state, args.to)
+        size = sum((args.to / name).stat().st_size for name in state["params"])
+        print(f"{args.to}: step {state['step']}, {size / 1e6:.1f} MB of parameters", file=sys.stderr)
+    elif args.command == "train":
         sets = checkpoints.config_sets(LMTrainConfig, args.set)
         cfg = LMTrainConfig(**sets)
         overrides = {k: _parse_value(v) for k, v in (s.split("=", 1) for s in args.model_set)}
