@@ -2,7 +2,8 @@
 # GPU call 2 (and 3, resuming; one H200, <= 10 min): train the DualAR model on codes.npz
 # for $MINUTES of a schedule planned over $TOTAL_MINUTES, and put into $OUT:
 #   lm_log.jsonl lm-state/{state.json,params-*}   (fp32 parameters, ~51 MB in 4 files)
-# carry: .carry/codes.npz   (+ .carry/lm-state to resume)
+# carry: .carry/codes.npz (or $CODES)   (+ the state to resume: $STATE, default .carry/lm-state; with
+# more codes in the upload, carry `lm_train half-state`'s fp16 copy instead: 24 MB, not 47)
 #
 # ARMS="frame_dropout=0.6 frame_dropout=0.75" trains one run per arm side by side (each a
 # space-free list of comma-separated LMTrainConfig FIELD=VALUE; the GPU is not the limit at
@@ -13,6 +14,8 @@ set -euo pipefail
 MINUTES=${MINUTES:-9}
 TOTAL_MINUTES=${TOTAL_MINUTES:-$MINUTES}
 ARMS=${ARMS:-none}
+STATE=${STATE:-.carry/lm-state}
+CODES=${CODES:-.carry/codes.npz}
 OUT=${OUT:?run on the GPU machine, where OUT is set}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader || true
@@ -20,10 +23,10 @@ n=0
 for arm in $ARMS; do
     W=/tmp/voice-lm-$n
     rm -rf $W && mkdir -p $W   # a warm machine keeps /tmp: never resume a previous call's leftovers
-    if [ -d .carry/lm-state ]; then cp -r .carry/lm-state $W/state; fi
+    if [ -d "$STATE" ]; then cp -r "$STATE" $W/state; fi
     sets=()
     if [ "$arm" != none ]; then for kv in ${arm//,/ }; do sets+=(--set "$kv"); done; fi
-    python3 -m engine.train.lm_train train --codes .carry/codes.npz --out $W --minutes "$MINUTES" \
+    python3 -m engine.train.lm_train train --codes "$CODES" --out $W --minutes "$MINUTES" \
         --total-minutes "$TOTAL_MINUTES" "${sets[@]}" ${LM_ARGS:-} > $W/stderr.txt 2>&1 &
     n=$((n + 1))
 done
