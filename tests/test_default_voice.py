@@ -39,7 +39,7 @@ PLAIN = [line for line in (Path(__file__).parents[1] / "engine/train/plain_sente
          if line.strip() and not line.startswith("#")]
 SENTENCES = PLAIN[:6]
 MAX_WER_ENGINE = 0.45  # gate 0.30 on 99 sentences through the service; six here
-MAX_WER_SERVICE = 0.50  # two sentences
+MAX_WER_SERVICE = 0.45  # six other sentences (two, ~23 words, swung by 0.04 a word: 0.52 once at a 0.21 benchmark)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_the_service_streams_intelligible_speech(tmp_path, asr):
     async def run(url):
         async with await connect(url, format="pcm", sample_rate=ASR_RATE, latency="balanced", seed=0) as session:
             out = []
-            for text in PLAIN[6:8]:
+            for text in PLAIN[6:12]:
                 pieces = [w + " " for w in text.split()]  # as an LLM streams tokens
                 result = await session.speak(pieces)
                 out.append((text, np.frombuffer(result.audio, "<i2").astype(np.float32) / 32768.0))
