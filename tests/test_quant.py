@@ -15,6 +15,7 @@ from engine.config import PRESETS
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import FeedForward
 from engine.quant import FP8FeedForward, FP8Linear, is_quantized, quantize_model_, set_kernel_
+from latency_bench.fp8_agreement import greedy_run, rel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # kernel vs its PyTorch reference on the same quantized operands. Compiled on Hopper, the
@@ -23,10 +24,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # next e4m3 step (measured 2.5e-3); a layout or indexing bug gives > 0.1.
 LINEAR_TOL = 1e-3 if DEVICE == "cuda" else 1e-5
 MLP_TOL = 1e-2 if DEVICE == "cuda" else 1e-4
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.fixture(scope="module")
@@ -112,30 +109,6 @@ def test_quantized_decode_step_runs_with_kernels(tiny):
 
 # --- GPU: the issue's correctness gate, graphs ------------------------------------------
 
-def greedy_run(bundle, n_frames: int, text: str = "Hello, this is a fixed reference input for the gate."):
-    """Frames [1 + C, n] and the first slow head's logits of greedy decoding (eager)."""
-    from engine.frame import decode_frame, new_window, push_window, sample_frame
-    from engine.sampling import SamplingParams, SamplingTensors
-
-    model, c, dev = bundle.model, bundle.config, bundle.device
-    prompt = bundle.prompts.full(None, text).to(dev)
-    kv = KVCache.allocate(c, 1, prompt.shape[1] + n_frames + 1, dev, bundle.dtype)
-    fast = FastCache.allocate(c, 1, dev, bundle.dtype)
-    params = SamplingTensors.from_params([SamplingParams(temperature=0.0, allow_end=False)], dev)
-    window = new_window(1, c.sampling_window, c.num_codebooks, dev)
-    frame_index = torch.zeros(1, dtype=torch.long, device=dev)
-    head, fast_in = model.prefill(prompt, 0, 0, kv)
-    frames = [sample_frame(model, fast, head, fast_in, params, window, frame_index)]
-    pos = prompt.shape[1]
-    slot = torch.zeros(1, dtype=torch.long, device=dev)
-    while len(frames) < n_frames:
-        push_window(window, frames[-1][:, 1:])
-        position = torch.full((1,), pos, dtype=torch.long, device=dev)
-        frames.append(decode_frame(model, kv, fast, frames[-1], slot, position, pos + 1, params, window, frame_index))
-        pos += 1
-    return torch.cat(frames).T.cpu(), head.float().cpu()
-
-
 @pytest.mark.gpu
 @torch.inference_mode()
 def test_gate_greedy_frames_equal_bf16():
@@ -145,8 +118,9 @@ def test_gate_greedy_frames_equal_bf16():
 
     The gate needs trained weights: random-weight logits are nearly flat (top-2 margin ~0.06
     at the s2-pro shape, logit std ~1) while FP8's head-logit error is ~30% there (CPU,
-    reference path: FP8_NOTES.md), so greedy frames of a random preset differ by design.
-    It is skipped until the default voice is a trained model (issue 6)."""
+    reference path: FP8_NOTES.md), so greedy frames of a random preset differ by design:
+    it skips when `default` is a random preset. Over many inputs: `python -m
+    latency_bench.fp8_agreement`."""
     bundle = load_bundle("default", "cuda", torch.bfloat16)
     if bundle.name in PRESETS:
         pytest.skip("the default model still has random weights (issue 6): the gate needs a trained model")

@@ -67,16 +67,22 @@ def save(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer 
          extra: dict | None = None, moments: bool = True, max_file_bytes: int = MAX_FILE_BYTES,
          half_params: bool = False) -> None:
     """Write the state into `folder` (replacing an older one there, atomically per file set)."""
-    folder = Path(folder)
+    params = {k: _stored(v, half_params) for k, v in model.state_dict().items()}
+    state = {"step": step, "extra": extra or {}}
+    _write(Path(folder), state, params, _moments(model, optimizer) if moments and optimizer is not None else {},
+           max_file_bytes)
+
+
+def _write(folder: Path, state: dict, params: dict[str, Tensor], moments: dict[str, Tensor], max_bytes: int) -> dict:
+    """Replace the state in `folder`: params (and moments) packed into files, `state` (step,
+    extra) with their file names as state.json. Returns what state.json holds."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.safetensors"):
         old.unlink()
-    params = {k: _stored(v, half_params) for k, v in model.state_dict().items()}
-    state = {"step": step, "params": _pack(params, "params", folder, max_file_bytes), "moments": [],
-             "extra": extra or {}}
-    if moments and optimizer is not None:
-        state["moments"] = _pack(_moments(model, optimizer), "moments", folder, max_file_bytes)
+    state = dict(state, params=_pack(params, "params", folder, max_bytes),
+                 moments=_pack(moments, "moments", folder, max_bytes) if moments else [])
     (folder / STATE_FILE).write_text(json.dumps(state, indent=1))
+    return state
 
 
 def halve(folder: str | Path, to: str | Path, max_file_bytes: int = MAX_FILE_BYTES) -> dict:
@@ -88,12 +94,7 @@ def halve(folder: str | Path, to: str | Path, max_file_bytes: int = MAX_FILE_BYT
         raise ValueError("halve writes a new folder; it does not overwrite its source")
     state = json.loads((folder / STATE_FILE).read_text())
     params = {k: _stored(v, True) for k, v in _unpack(folder, state["params"]).items()}
-    to.mkdir(parents=True, exist_ok=True)
-    for old in to.glob("*.safetensors"):
-        old.unlink()
-    state = dict(state, params=_pack(params, "params", to, max_file_bytes), moments=[])
-    (to / STATE_FILE).write_text(json.dumps(state, indent=1))
-    return state
+    return _write(to, state, params, {}, max_file_bytes)
 
 
 def _moments(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:

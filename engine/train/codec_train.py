@@ -359,6 +359,13 @@ def encode_set(codec: Codec, data: list[Path], device: str, workers: int = 1, ba
             "texts": np.array([u.text for u in us]), "splits": np.array([u.split for u in us])}
 
 
+def refuse_repeated_ids(first, second) -> None:
+    """Two sets of utterance ids must not share one (merge_code_sets' rule)."""
+    repeated = set(map(str, first)) & set(map(str, second))
+    if repeated:
+        raise ValueError(f"{len(repeated)} utterance ids are in both sets (e.g. {sorted(repeated)[0]!r})")
+
+
 def merge_code_sets(first: dict, second: dict) -> dict:
     """One code set of two (encode_set's dicts, or np.load of its files): the utterances of
     `first`, then those of `second`. Lets more teacher data be encoded alone and added to
@@ -366,9 +373,7 @@ def merge_code_sets(first: dict, second: dict) -> dict:
     repeated utterance ids (the same folder encoded twice would weigh its sentences double)."""
     if first["codes"].shape[0] != second["codes"].shape[0]:
         raise ValueError(f"codebook counts differ: {first['codes'].shape[0]} vs {second['codes'].shape[0]}")
-    repeated = set(map(str, first["ids"])) & set(map(str, second["ids"]))
-    if repeated:
-        raise ValueError(f"{len(repeated)} utterance ids are in both sets (e.g. {sorted(repeated)[0]!r})")
+    refuse_repeated_ids(first["ids"], second["ids"])
     offsets = np.concatenate([first["offsets"], first["offsets"][-1] + second["offsets"][1:]])
     merged = {"codes": np.concatenate([first["codes"], second["codes"]], axis=1), "offsets": offsets}
     for key in ("ids", "speakers", "texts", "splits"):
@@ -440,11 +445,17 @@ def main(argv: list[str] | None = None) -> int:
         from engine.codec.loader import load_codec
 
         codec = load_codec(args.codec / "codec.pth", device=args.device, dtype=torch.float32)
+        earlier = None
+        if args.append:  # refused before minutes of encoding, not after
+            from engine.train.datagen import manifest_ids
+
+            with np.load(args.append) as z:
+                earlier = dict(z)
+            refuse_repeated_ids(earlier["ids"], manifest_ids(args.data))
         t0 = time.perf_counter()
         result = encode_set(codec, args.data, args.device, args.workers)
-        if args.append:
-            with np.load(args.append) as earlier:
-                result = merge_code_sets(dict(earlier), result)
+        if earlier is not None:
+            result = merge_code_sets(earlier, result)
         args.to.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(args.to, **result)
         print(f"{len(result['ids'])} utterances, {result['codes'].shape[1]} frames in "
