@@ -23,6 +23,12 @@ at 64 connections, nearly every underrun was a turn's first frame (46 ms of audi
 running out before the second came through a saturated GPU and codec; with 2, underruns
 fell from 105 to 6 and TTFA p50 rose from 79 to 121 ms (README, "Reference numbers").
 
+A segment end hands out the audio the decoder still holds back (the "istft" codec's
+lookahead hops: engine/codec/streaming.py, `drain`) as the segment's last audio, before
+the end itself; a barge-in drops it. Without that, a reply's last ~35 ms (default voice)
+came out mixed into the first hops of the next reply, and a connection's last reply
+never had them.
+
 On a GPU each of those shapes is also captured as a CUDA graph (static slot, code and
 audio buffers; the decoder's per-slot state is updated inside the graph), so a call is
 one replay instead of ~1,000 eager launches: measured on an H200 with the release-size
@@ -45,6 +51,7 @@ import torch
 
 from engine.codec.streaming import StreamingDecoder
 from engine.graphs import capture
+from engine.timeshare import Phases
 
 
 @dataclass(slots=True)
@@ -77,6 +84,14 @@ class _Lead:
 
 @dataclass(slots=True)
 class _Reset:
+    slot: int
+
+
+@dataclass(slots=True)
+class _Cut:
+    """A stream's turns were cancelled: the audio its decoder still holds back is theirs,
+    so it is dropped, not heard at the start of the next reply."""
+
     slot: int
 
 
@@ -137,10 +152,17 @@ class CodecWorker:
             most = self.buckets[-1] * self.chunks[0]
             self._codes_host = torch.zeros(most * self.num_codebooks + self.buckets[-1], dtype=torch.long, pin_memory=True)
             self._audio_host = torch.zeros(most * self.decoder.hop_length, dtype=torch.float32, pin_memory=True)
+        if self.stream is not None:  # around each graph replay: the codec's GPU time
+            self._started = torch.cuda.Event(enable_timing=True)
+            self._ended = torch.cuda.Event(enable_timing=True)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="codec", daemon=True)
         self.frames_decoded = 0
         self.calls = 0
+        # host time by phase (engine/timeshare.py): waiting for work, in decode calls (to
+        # the PCM on the host), the rest (policy, splitting, callbacks)
+        self.phases = Phases("idle", "decode", "deliver")
+        self.gpu_s = 0.0  # GPU seconds of the decode calls (graph replays), by timing events
         self.on_error = None  # callable(owner, exc), set by the engine
 
     def start(self) -> None:
@@ -164,16 +186,22 @@ class CodecWorker:
     def reset(self, slot: int) -> None:
         self._queue.put(_Reset(slot))
 
+    def cut(self, slot: int) -> None:
+        """The stream's turns so far were cancelled (barge-in)."""
+        self._queue.put(_Cut(slot))
+
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def _run(self) -> None:
         while True:
             wait = self._next_deadline()
+            self.phases.to("idle")
             try:
                 items = [self._queue.get(timeout=wait) if wait is not None else self._queue.get()]
             except queue.Empty:  # a held frame's stream is about to run out of audio
                 items = []
+            self.phases.to("deliver")
             while True:
                 try:
                     items.append(self._queue.get_nowait())
@@ -199,10 +227,25 @@ class CodecWorker:
             if isinstance(item, _Reset):
                 with self._on_stream():
                     self.decoder.reset(item.slot)
+            elif isinstance(item, _Cut):
+                self._drain(item.slot)
             else:
+                # the segment's last audio (what the decoder held back for frames that
+                # will not come), then its end
+                pcm = self._drain(item.slot)
+                if pcm is not None and item.owner.wanted(item.turn):
+                    item.owner.audio(item.turn, pcm)
                 item.owner.segment_end(item.turn, item.reason)
         self._decode_due(self.clock())
         return False
+
+    @torch.inference_mode()
+    def _drain(self, slot: int) -> np.ndarray | None:
+        """The audio the decoder holds back for `slot` (engine/codec/streaming.py,
+        `drain`), cleared there; None when it holds none."""
+        with self._on_stream():
+            audio = self.decoder.drain(slot)
+            return None if audio is None else audio.cpu().numpy()
 
     def _started(self, slot: int, frames: list[_Frame]) -> _Lead | None:
         """The lead of the turn these held frames belong to, once its first audio went out."""
@@ -327,19 +370,27 @@ class CodecWorker:
         staged[:b] = torch.tensor(slots, dtype=torch.long)
         staged[b:] = torch.from_numpy(codes).view(-1)
         audio = self._audio_host[: g.audio.numel()].view(g.audio.shape)
+        self.phases.to("decode")
         with self._on_stream():
             g.slots.copy_(staged[:b], non_blocking=True)
             g.codes.copy_(staged[b:].view(g.codes.shape), non_blocking=True)
+            self._started.record(self.stream)
             g.graph.replay()
+            self._ended.record(self.stream)
             audio.copy_(g.audio, non_blocking=True)
         self.stream.synchronize()  # the staging buffers are reused by the next call
+        self.gpu_s += self._started.elapsed_time(self._ended) / 1000
+        self.phases.to("deliver")
         return audio.numpy().copy()
 
     def _eager(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
+        self.phases.to("decode")
         with self._on_stream():
-            return self.decoder.decode(
+            pcm = self.decoder.decode(
                 torch.tensor(slots, device=self.device), torch.from_numpy(codes).to(self.device)
             ).float().cpu().numpy()
+        self.phases.to("deliver")
+        return pcm
 
     @torch.inference_mode()
     def _decode(self, run: list[_Frame]) -> None:

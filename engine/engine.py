@@ -33,6 +33,7 @@ from engine.prompt import Reference, Voice
 from engine.runner import MAX_PREFILL_BATCH, Runner
 from engine.sampling import SamplingParams
 from engine.scheduler import PrefillWork, Refused, Scheduler, Segment, Stream
+from engine.timeshare import Phases
 from engine.voice import LRUBytes, ReferenceInput, VoiceInput
 
 log = logging.getLogger("engine")
@@ -194,6 +195,10 @@ class Engine:
         self.steps = 0
         self.frames = 0
         self.prefills = 0
+        self.decode_rows = 0  # streams summed over decode steps (mean batch = rows / steps)
+        # each worker thread's host time by phase (engine/timeshare.py)
+        self.decode_phases = Phases("idle", "schedule", "launch", "wait", "emit")
+        self.prefill_phases = Phases("idle", "voice", "segments")
         self.started_at = time.monotonic()
 
     # --- lifecycle --------------------------------------------------------------------
@@ -253,7 +258,10 @@ class Engine:
         handle.drop_turns()
         with self._lock:
             self.sched.cancel(handle.sched)
+            slot = handle.sched.slot
             self._lock.notify_all()
+        if slot is not None:  # the audio the codec holds back is the dropped turns'
+            self.codec.cut(slot)
 
     def close(self, handle: EngineStream) -> None:
         handle.closed = True
@@ -278,13 +286,24 @@ class Engine:
             "voice_cache_bytes": self.voice_cache.used,
             "voice_cache_hits": self.voice_cache.hits,
             "voice_cache_misses": self.voice_cache.misses,
+            # where the time goes (counters; latency_bench turns them into a level's shares)
+            "decode_rows": self.decode_rows,
+            "decode_gpu_seconds": round(self.runner.decode_gpu_s, 6),
+            **self.decode_phases.snapshot("decode"),
+            **self.prefill_phases.snapshot("prefill"),
+            "codec_calls": self.codec.calls,
+            "codec_frames": self.codec.frames_decoded,
+            "codec_gpu_seconds": round(self.codec.gpu_s, 6),
+            **self.codec.phases.snapshot("codec"),
         }
 
     # --- prefill thread ---------------------------------------------------------------
 
     def _prefill_loop(self) -> None:
         limit = 1 if self.config.naive else MAX_PREFILL_BATCH
+        phases = self.prefill_phases
         while True:
+            phases.to("idle")
             with self._lock:
                 works = []
                 while not self._stopping and not (works := self.sched.next_prefills(limit)):
@@ -292,8 +311,10 @@ class Engine:
                 if self._stopping:
                     return
             if works[0].kind == "voice":
+                phases.to("voice")
                 self._guarded(works[0], self._prefill_voice)
             else:
+                phases.to("segments")
                 self._prefill_segments(works)
 
     def _guarded(self, work: PrefillWork, fn) -> bool:
@@ -419,11 +440,15 @@ class Engine:
 
     def _decode_loop(self) -> None:
         pending = None
+        phases = self.decode_phases
         while True:
+            phases.to("schedule")
             with self._lock:
                 batch = self.sched.decode_batch()
                 while not self._stopping and not batch and pending is None:
+                    phases.to("idle")
                     self._lock.wait(0.5)
+                    phases.to("schedule")
                     batch = self.sched.decode_batch()
                 if self._stopping:
                     return
@@ -435,8 +460,10 @@ class Engine:
                     kv_len = max(s.prompt_end + s.steps for s in batch)
             try:
                 if batch:
+                    phases.to("launch")
                     launched = (self.runner.launch(slots, kv_len), batch, segments)
                     self.steps += 1
+                    self.decode_rows += len(batch)
                 if pending is not None:
                     self._read_step(*pending)
                 pending = launched
@@ -466,7 +493,9 @@ class Engine:
                 handle.sink.on_error("internal", f"decode failed: {e}")
 
     def _read_step(self, handle, batch: list[Stream], segments: list[tuple[int, int]]) -> None:
+        self.decode_phases.to("wait")  # for the GPU to finish the step
         frames = self.runner.read(handle)
+        self.decode_phases.to("emit")  # the frames to the scheduler and the codec's queue
         emitted = []
         with self._lock:
             for row, stream in enumerate(batch):

@@ -73,6 +73,7 @@ class StepHandle:
     parity: int
     batch: int
     event: object | None  # torch.cuda.Event, None on the CPU
+    started: object | None = None  # timing event recorded before the step's kernels
 
 
 @dataclass(slots=True)
@@ -170,6 +171,10 @@ class Runner:
         self.out_host = torch.zeros(2, self.buckets[-1], 1 + c.num_codebooks, dtype=torch.long, pin_memory=pin)
         self._parity = 0
         self._last_slots: list[int] | None = None
+        # GPU seconds of the decode steps read so far: from each step's first kernel to
+        # its last on the decode stream, waits behind the codec's and prefill's kernels
+        # included (timing events; engine stats and latency_bench's load shares)
+        self.decode_gpu_s = 0.0
         if self.cuda:
             self.decode_stream = torch.cuda.Stream(dev)
             # high priority: a prefill is short and someone is waiting for its first audio,
@@ -459,6 +464,10 @@ class Runner:
         n = len(slots)
         bucket = self.bucket_for(n)
         with torch.cuda.stream(self.decode_stream) if self.cuda else nullcontext():
+            started = None
+            if self.cuda:
+                started = torch.cuda.Event(enable_timing=True)
+                started.record(self.decode_stream)
             if slots != self._last_slots:
                 staging = self.slots_host[self._parity]
                 staging[:n] = torch.tensor(slots, dtype=torch.long)
@@ -474,14 +483,15 @@ class Runner:
             self.out_host[parity, :n].copy_(self.out[:n], non_blocking=True)
             event = None
             if self.cuda:
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(enable_timing=True)
                 event.record(self.decode_stream)
-        return StepHandle(parity, n, event)
+        return StepHandle(parity, n, event, started)
 
     def read(self, handle: StepHandle) -> np.ndarray:
         """The frames of a launched step, [batch, 1 + C] (waits for that step only)."""
         if handle.event is not None:
             handle.event.synchronize()
+            self.decode_gpu_s += handle.started.elapsed_time(handle.event) / 1000
         return self.out_host[handle.parity, : handle.batch].numpy().copy()
 
     def _step(self, bucket: int, kv_len: int) -> None:

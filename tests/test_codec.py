@@ -384,6 +384,32 @@ def test_istft_lookahead_stream_lags_and_decode_is_aligned(window, lookahead):
         codec_preset("tiny", decoder_kind="istft", istft_window=window, istft_lookahead=window)
 
 
+@pytest.mark.parametrize("window, lookahead", [(4, 3), (2, 1)])
+def test_drain_completes_a_segment_and_the_next_starts_from_silence(window, lookahead):
+    """At a segment's end `drain` gives the L hops the stream still held back: the stream's
+    audio plus them is the whole-sequence decode, whole, L hops later. The tail is then
+    clear: a second drain is silence, and a decoder without lookahead holds nothing."""
+    config = codec_preset("tiny", quantizer_window=WINDOW, decoder_kind="istft", decoder_layers=2,
+                          istft_window=window, istft_lookahead=lookahead)
+    codec = random_codec(config)
+    lag = lookahead * codec.decoder.head.hop
+    codes = random_codes(codec, 1, 9, seed=5)
+    ref = codec.decode(codes)
+    stream = StreamingDecoder(codec, max_streams=2)
+    assert stream.drain_samples == lag
+    y = stream_in_chunks(stream, 1, codes, [4, 5])
+    held = stream.drain(1)
+    assert held.shape == (lag,) and held.abs().max() > 1e-3
+    whole = torch.cat([y[0], held])
+    assert (whole[lag:] - ref[0]).abs().max() < 1e-4
+    assert stream.drain(1).abs().max() == 0 and stream.drain(0).abs().max() == 0
+    with pytest.raises(IndexError):
+        stream.drain(2)
+    no_lookahead = StreamingDecoder(random_codec(codec_preset("tiny", quantizer_window=WINDOW, decoder_kind="istft",
+                                                              decoder_layers=2, istft_window=window)), max_streams=1)
+    assert no_lookahead.drain(0) is None and no_lookahead.drain_samples == 0
+
+
 def test_stft_encoder_is_causal_and_loads_from_its_config(tmp_path):
     """The "stft" encoder: a latent frame never depends on later samples, encode gives one
     code frame per hop, and a codec.pth + codec_config.json of it encodes the same."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bundle import load_bundle
-from engine.codec_worker import CHUNKS, CodecWorker, _End, _Frame, chunk_sizes
+from engine.codec_worker import CHUNKS, CodecWorker, _Cut, _End, _Frame, chunk_sizes
 from engine.engine import EngineConfig
 
 
@@ -180,3 +180,77 @@ def test_first_frames_must_be_a_chunk_size():
         parse_args(["--codec-first-frames", "4", "--codec-max-chunk", "2"])
     with pytest.raises(SystemExit):
         parse_args(["--codec-first-frames", "3"])
+
+
+class Recorder(Listener):
+    """Keeps the audio itself, per turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pcm: dict[int, list[np.ndarray]] = {}
+        self.dropped_below = 0
+
+    def wanted(self, turn: int) -> bool:
+        return turn >= self.dropped_below
+
+    def audio(self, turn: int, pcm: np.ndarray) -> None:
+        super().audio(turn, pcm)
+        self.pcm.setdefault(turn, []).append(pcm)
+
+    def turn(self, turn: int) -> np.ndarray:
+        return np.concatenate(self.pcm[turn])
+
+
+@pytest.mark.parametrize("barge_in", [False, True])
+def test_a_replys_held_back_audio_ends_it_and_never_opens_the_next(barge_in):
+    """The default voice's codec holds a reply's last hops back (its lookahead). At the
+    segment end they go out as that reply's last audio, before the end event; the next
+    reply starts from silence. Against the plain stream (no drain) fed the same chunks:
+    exactly those samples move from the start of reply 2 to the end of reply 1, nothing
+    else changes. After a barge-in they are dropped instead of opening the next reply.
+    (tests/test_gpu.py runs the same on a GPU, through the worker's CUDA graphs.)"""
+    check_held_back_audio(torch.device("cpu"), barge_in, tol=1e-5)
+
+
+def check_held_back_audio(device: torch.device, barge_in: bool, tol: float) -> None:
+    from engine.bundle import DEFAULT_FOLDER
+    from engine.codec.loader import load_codec
+    from engine.codec.streaming import StreamingDecoder
+
+    codec = load_codec(DEFAULT_FOLDER / "codec.pth", device=device, dtype=torch.float32)
+    worker = CodecWorker(codec, 2, hold_lead_s=None)
+    worker.warm_up()  # on a GPU: the graphs
+    held = worker.decoder.drain_samples
+    hop = codec.hop_length
+    assert 0 < held < hop  # the default codec holds back part of a frame
+    rec = Recorder()
+    codes = np.random.default_rng(5).integers(0, 512, (7, codec.num_codebooks))
+    for f in codes[:4]:
+        worker._process([_Frame(rec, 0, 1, f)])
+    if barge_in:
+        rec.dropped_below = 2
+        worker._process([_Cut(0)])
+    else:
+        worker._process([_End(rec, 0, 1, "end")])
+    assert rec.ends == ([] if barge_in else ["end"])
+    for f in codes[4:]:
+        worker._process([_Frame(rec, 0, 2, f)])
+    worker._process([_End(rec, 0, 2, "end")])
+
+    plain = StreamingDecoder(codec, 1)
+    one = [plain.decode(torch.tensor([0]), torch.from_numpy(f).to(device)[None, :, None])[0].cpu().numpy() for f in codes]
+    plain1, plain2 = np.concatenate(one[:4]), np.concatenate(one[4:])
+    reply1, reply2 = rec.turn(1), rec.turn(2)
+    # the whole-sequence decode of reply 1's frames: the stream gives it `held` samples later
+    whole1 = codec.decode(torch.from_numpy(codes[:4]).T[None].to(device))[0].cpu().numpy()
+    tail1 = whole1[-held:]  # the samples the stream held back at the end of reply 1
+    assert np.abs(tail1).max() > 1e-3  # speech, not padding
+    assert np.abs(reply1[: 4 * hop] - plain1).max() < tol
+    if barge_in:
+        assert len(reply1) == 4 * hop  # heard up to the barge-in; the held samples dropped
+    else:
+        assert len(reply1) == 4 * hop + held and np.abs(reply1[held:] - whole1).max() < 10 * tol
+    # reply 2 starts without them (the plain stream mixed them into its first samples)
+    assert len(reply2) == 3 * hop + held
+    assert np.abs(reply2[:held] + tail1 - plain2[:held]).max() < 10 * tol
+    assert np.abs(reply2[held : 3 * hop] - plain2[held:]).max() < tol

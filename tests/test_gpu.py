@@ -165,3 +165,18 @@ def _codec_graphs_give_the_eager_audio(codec, max_chunk: int) -> None:
     for s, n in lengths.items():
         assert heard[1][s].shape == (n * codec.hop_length,)
         np.testing.assert_allclose(heard[1][s], heard[0][s], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("barge_in", [False, True])
+def test_codec_graphs_hand_out_a_replys_held_back_audio(barge_in):
+    """The default voice's held-back hops drained at a segment end (and dropped at a
+    barge-in) through the worker's CUDA graphs: the drain clears the state the graphs
+    read in place, so the next reply starts from silence there too."""
+    from test_codec_worker import check_held_back_audio
+
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # as above: graph and eager kernels differ under TF32
+    try:
+        check_held_back_audio(torch.device("cuda"), barge_in, tol=1e-4)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32

@@ -21,6 +21,13 @@ State layout (S = max_streams, W = post_module window, in frames of the tensor's
   spectral head ("istft")  [S, R - 1, hop]  the windows of the last frames, overlapping
                                             the next R - 1 hops
 
+A stream of the "istft" decoder with a lookahead of L hops (CodecConfig.istft_lookahead)
+lags its codes by L hops: after a frame, the last L hops of audio its window describes are
+still in the head's tail, waiting for the next frames' windows to complete them. At a
+segment's end no next frame comes, so `drain` hands those L hops out and clears the tail:
+a segment's stream audio is then the whole-sequence decode's, whole, L hops later, and
+the next segment starts from a silent tail, as a fresh stream does.
+
 The whole-sequence `Codec.decode` is the reference: feeding the same frames in chunks of
 any sizes gives the same samples up to float rounding. Nothing is re-decoded: a call with
 n frames runs every layer on n frames plus its fixed context, whatever the history.
@@ -87,6 +94,10 @@ class StreamingDecoder:
              self._new(self._post.window, layer.attention.n_heads, layer.attention.head_dim))
             for layer in self._post.layers
         ]
+        # the spectral head's overlap-add tail and the hops of it a segment end drains
+        # (set by _spectral_step; None for the transposed-conv decoder)
+        self._head_tail: Tensor | None = None
+        self._lookahead = getattr(codec.decoder, "lookahead", 0)
         self._upsample = self._compile(codec.quantizer.upsample)
         self._decoder = self._compile(codec.decoder.model)
 
@@ -104,6 +115,31 @@ class StreamingDecoder:
             raise IndexError(f"slot {slot} outside 0..{self.max_streams - 1}")
         for t in self._state:
             t[slot].zero_()
+
+    @property
+    def drain_samples(self) -> int:
+        """Samples `drain` returns at a segment end (0: the decoder holds no audio back)."""
+        return self._lookahead * self.codec.decoder.head.hop if self._drains else 0
+
+    @property
+    def _drains(self) -> bool:
+        return self._head_tail is not None and self._lookahead > 0
+
+    @torch.no_grad()
+    def drain(self, slot: int) -> Tensor | None:
+        """A segment of `slot` ended: its audio still held back (the spectral head's first
+        `lookahead` tail hops, [lookahead * hop] float32 on the device, rounded to the
+        decoder's dtype as `decode`'s audio is) and the tail
+        cleared, so the next frames start from silence; None when nothing is held back
+        (no lookahead). In place, like `reset`: the CUDA graphs keep their buffers."""
+        if not 0 <= slot < self.max_streams:
+            raise IndexError(f"slot {slot} outside 0..{self.max_streams - 1}")
+        if not self._drains:
+            return None
+        # rounded to the decoder's dtype as `decode`'s audio is
+        audio = self._head_tail[slot, : self._lookahead].flatten().to(self.dtype).float().clone()
+        self._head_tail[slot].zero_()
+        return audio
 
     @torch.no_grad()
     def decode(self, slots: Tensor, codes: Tensor) -> Tensor:
@@ -213,6 +249,7 @@ class StreamingDecoder:
 
     def _spectral_step(self, head: SpectralHead) -> Step:
         tail = self._new(head.window_hops - 1, head.hop, dtype=torch.float32)  # [S, R - 1, hop]: earlier tails
+        self._head_tail = tail
 
         def step(x: Tensor, slots: Tensor) -> Tensor:
             # x: [B, dim, n] -> [B, 1, n * hop]
