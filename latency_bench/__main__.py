@@ -25,6 +25,7 @@ from latency_bench.loadgen import Workload, run_level
 from latency_bench.jsonfile import write_json
 from latency_bench.report import aggregate, plot, ratios, table
 from latency_bench.serverproc import service
+from latency_bench.shares import level_shares, metrics_url, scrape, shares_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,10 +94,19 @@ def git_commit() -> str:
 
 def sweep(url: str, levels: list[int], w: Workload, ramp: float, name: str) -> list[dict]:
     out = []
+    counters = metrics_url(url)
     for c in levels:
         print(f"[{name}] {c} connection(s)", file=sys.stderr, flush=True)
+        before = scrape(counters)
         results, wall = asyncio.run(run_level(c, w, ramp, log=lambda m: print(m, file=sys.stderr, flush=True)))
-        out.append(aggregate(c, results, wall, w.hop_length / w.codec_rate))
+        after = scrape(counters)
+        level = aggregate(c, results, wall, w.hop_length / w.codec_rate)
+        # where the service's time went (engine counters around the level)
+        shares = level_shares(before, after, wall) if before and after else None
+        if shares is not None:
+            level["engine_shares"] = shares
+            print(f"[{name}] c={c}: {shares_line(shares)}", file=sys.stderr, flush=True)
+        out.append(level)
     return out
 
 

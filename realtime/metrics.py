@@ -11,6 +11,11 @@ from collections import Counter, deque
 TTFA_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 
 
+# engine stats that only grow (besides every "*_seconds" one: time by thread phase)
+ENGINE_COUNTERS = ("decode_steps", "frames", "prefills", "voice_cache_hits", "voice_cache_misses",
+                   "decode_rows", "codec_calls", "codec_frames")
+
+
 class Histogram:
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
@@ -67,7 +72,7 @@ class Metrics:
             f"engine_frames_per_second {self.frames_per_second(engine_stats.get('frames', 0)):.2f}",
         ]
         for key, value in sorted(engine_stats.items()):
-            kind = "counter" if key in ("decode_steps", "frames", "prefills", "voice_cache_hits", "voice_cache_misses") else "gauge"
+            kind = "counter" if key in ENGINE_COUNTERS or key.endswith("_seconds") else "gauge"
             name = f"engine_{key}" + ("_total" if kind == "counter" else "")
             lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@
 #   bash scripts/gpu_check.sh survey   # GPU + kernel tests, engine bench, codec call times, step profile, load sweep with per-turn timing (~5 min)
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
 #   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
+#   bash scripts/gpu_check.sh shares     # GPU tests, load c=1,16,64 with where the service's time goes per level (~4 min)
 #   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
 #   bash scripts/gpu_check.sh codec      # codec worker calls with the Snake kernel vs PyTorch, eager codec profile (~2 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
@@ -103,6 +104,15 @@ codec64)
         --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee -a "$out/codec64.log"
     grep "turn " "$work/load/server-engine.log" | python3 scripts/turn_timing.py 192 | tee -a "$out/codec64.log"
     cp "$work/load/results.json" "$out/load64.json"
+    ;;
+shares)
+    # GPU tests, then the load sweep c=1,16,64 with where the service's time went per level
+    # (latency_bench/shares.py: step interval vs the step's GPU time, thread shares, codec)
+    work=/tmp/shares; rm -rf "$work"; mkdir -p "$work"
+    timeout 150 python3 -m pytest -q tests/test_gpu.py 2>&1 | tail -15 | tee "$out/gpu_tests.log"
+    timeout 240 python3 -m latency_bench "${bench[@]}" --concurrency ${CONCURRENCY:-1,16,64} --server-arg=--max-len=1536 \
+        ${SERVER_ARGS:-} --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/shares.log"
+    cp "$work/load/results.json" "$out/load-shares.json"
     ;;
 stalls)
     # c=64 only, with the service's stall sampler: GC pauses and thread stacks while the

@@ -106,6 +106,15 @@ def test_cpu_sweep_writes_table_json_and_plot(tmp_path):
     for lv in data["runs"]["engine"]:
         assert lv["errors"] == 0 and lv["turns"] == 2 * lv["concurrency"]
         assert lv["ttfa_s"]["p50"] > 0 and lv["frames_per_s"] > 0
+        # where the time went: every frame after a turn's first (the prefill's) came from
+        # a decode step, and the decode thread's phases account for the level's wall time
+        s = lv["engine_shares"]
+        assert s["decode_steps"] * s["mean_batch"] == pytest.approx(lv["turns"] * 11)
+        assert 1 <= s["mean_batch"] <= lv["concurrency"] and s["codec_frames_per_call"] >= 1
+        assert 0 < s["decode_busy"] <= 1 and 0 < s["prefill_busy"] <= 1 and 0 < s["codec_busy"] <= 1
+        assert s["decode_gpu_ms_per_step"] == 0 and s["codec_gpu_share"] == 0  # no GPU here
+        phases_ms = sum(s["decode_ms_per_step"].values())
+        assert 0.8 * s["step_interval_ms"] < phases_ms < 1.05 * s["step_interval_ms"]
     assert (out / "ttfa_throughput.png").stat().st_size > 10_000
 
 
@@ -122,3 +131,32 @@ def test_gpu_side_benchmarks_need_no_service_packages():
             "import latency_bench.profile_step, latency_bench.profile_codec\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_engine_shares_from_two_scrapes_of_metrics():
+    """The engine's counters as /metrics renders them, parsed back and turned into a
+    level's per-step times and thread shares."""
+    from latency_bench.shares import level_shares, metrics_url, parse_engine, shares_line
+    from realtime.metrics import Metrics
+
+    def page(steps, rows, gpu, wait, idle, codec_idle, frames, calls):
+        stats = {"decode_steps": steps, "decode_rows": rows, "decode_gpu_seconds": gpu, "decode_wait_seconds": wait,
+                 "decode_idle_seconds": idle, "prefill_idle_seconds": idle, "codec_idle_seconds": codec_idle,
+                 "codec_gpu_seconds": gpu / 4, "codec_frames": frames, "codec_calls": calls, "frames": frames,
+                 "streams_decoding": 3}
+        return Metrics().render(stats)
+
+    before = parse_engine(page(100, 400, 1.0, 0.5, 2.0, 1.0, 500, 50))
+    after = parse_engine(page(300, 1200, 2.6, 1.5, 2.2, 1.5, 1300, 150))
+    assert before["decode_steps"] == 100 and before["streams_decoding"] == 3
+    s = level_shares(before, after, wall_s=2.0)
+    assert s["decode_steps"] == 200 and s["mean_batch"] == 4
+    assert s["step_interval_ms"] == pytest.approx(10) and s["decode_gpu_ms_per_step"] == pytest.approx(8)
+    assert s["decode_ms_per_step"]["wait"] == pytest.approx(5) and s["decode_busy"] == pytest.approx(0.9)
+    assert s["codec_busy"] == pytest.approx(0.75) and s["codec_gpu_share"] == pytest.approx(0.2)
+    assert s["codec_frames_per_call"] == 8 and s["codec_gpu_ms_per_frame"] == pytest.approx(0.5)
+    assert "step 10.00 ms (GPU 8.00" in shares_line(s)
+    assert level_shares(before, before, 2.0) is None  # nothing decoded
+    assert level_shares({"decode_steps": 1}, {"decode_steps": 5}, 2.0) is None  # a build without the counters
+    assert metrics_url("ws://127.0.0.1:8765/v1/tts/live") == "http://127.0.0.1:8765/metrics"
+    assert metrics_url("wss://tts.example/v1/tts/live") == "https://tts.example/metrics"
