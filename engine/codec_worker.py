@@ -153,8 +153,8 @@ class CodecWorker:
             self._codes_host = torch.zeros(most * self.num_codebooks + self.buckets[-1], dtype=torch.long, pin_memory=True)
             self._audio_host = torch.zeros(most * self.decoder.hop_length, dtype=torch.float32, pin_memory=True)
         if self.stream is not None:  # around each graph replay: the codec's GPU time
-            self._started = torch.cuda.Event(enable_timing=True)
-            self._ended = torch.cuda.Event(enable_timing=True)
+            self._call_began = torch.cuda.Event(enable_timing=True)
+            self._call_ended = torch.cuda.Event(enable_timing=True)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="codec", daemon=True)
         self.frames_decoded = 0
@@ -374,12 +374,12 @@ class CodecWorker:
         with self._on_stream():
             g.slots.copy_(staged[:b], non_blocking=True)
             g.codes.copy_(staged[b:].view(g.codes.shape), non_blocking=True)
-            self._started.record(self.stream)
+            self._call_began.record(self.stream)
             g.graph.replay()
-            self._ended.record(self.stream)
+            self._call_ended.record(self.stream)
             audio.copy_(g.audio, non_blocking=True)
         self.stream.synchronize()  # the staging buffers are reused by the next call
-        self.gpu_s += self._started.elapsed_time(self._ended) / 1000
+        self.gpu_s += self._call_began.elapsed_time(self._call_ended) / 1000
         self.phases.to("deliver")
         return audio.numpy().copy()
 
