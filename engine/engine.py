@@ -72,6 +72,9 @@ class EngineConfig:
     # frames a turn's first audio waits for (1, or a chunk size up to codec_max_chunk): 2
     # gives a real-time player two frames of audio to play while the third is made
     codec_first_frames: int = 1
+    # streams well ahead of real time send their full chunks to the codec together, at
+    # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
+    codec_release_interval_s: float = 0.0
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same
     # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
@@ -86,6 +89,8 @@ class EngineConfig:
             raise ValueError(f"cpu_threads must be None (auto) or in 1..1024, got {self.cpu_threads}")
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
             raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
+        if not 0 <= self.codec_release_interval_s <= 1:
+            raise ValueError(f"codec_release_interval_s must be in 0..1 s, got {self.codec_release_interval_s}")
         chunks = chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
         if self.codec_first_frames not in chunks:
             raise ValueError(f"codec_first_frames must be one of {chunks} (at most codec_max_chunk), "
@@ -179,7 +184,8 @@ class Engine:
                              kv_quant=c.kv_quant)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
-                                 max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames)
+                                 max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,
+                                 release_interval_s=c.codec_release_interval_s)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-first-frames", type=int, default=1, choices=CHUNK_CHOICES,
                    help="frames a turn's first audio waits for (2: one more decode step before the first audio, "
                         "two frames of audio for the player to start on); at most --codec-max-chunk")
+    p.add_argument("--codec-release-interval", type=float, default=EngineConfig.codec_release_interval_s,
+                   help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
+                        "this often (0: each when its chunk is full); fewer, fuller codec calls")
     p.add_argument("--cpu-threads", type=int, default=0,
                    help="on a CPU device: torch threads while serving (0: half the cores; the decode and codec "
                         "threads compute at once, and more threads than cores slows both)")
@@ -100,7 +103,8 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
-            codec_first_frames=a.codec_first_frames, cpu_threads=a.cpu_threads or None,
+            codec_first_frames=a.codec_first_frames, codec_release_interval_s=a.codec_release_interval,
+            cpu_threads=a.cpu_threads or None,
         ),
         limits=Limits(
             max_message_bytes=int(a.max_message_mb * 2**20), max_text_chars=a.max_text_chars,

@@ -65,6 +65,54 @@ def test_frames_are_held_only_while_well_ahead_of_real_time(codec, max_chunk):
     assert sum(listener.chunks) == total * hop and listener.ends == ["end"]
 
 
+def run_staggered(codec, release_interval_s: float, steps: int = 80):
+    """Four streams as a busy service decodes them: one frame each per decode step at
+    three times real time, turns starting a step apart with a burst of 16 frames (so
+    each is soon well ahead, and their chunks fill at different steps). Returns the
+    worker and, per stream, [(time, samples heard)] from its first audio on."""
+    worker = CodecWorker(codec, 4, hold_lead_s=0.3, release_interval_s=release_interval_s)
+    clock = [1000.0]
+    worker.clock = lambda: clock[0]
+    step_s = worker.frame_s / 3
+    codes = np.random.default_rng(3).integers(0, 64, (steps + 16, codec.num_codebooks))
+    listeners = [Listener() for _ in range(4)]
+    heard: list[list[tuple[float, int]]] = [[] for _ in range(4)]
+    for t in range(steps):
+        frames = []
+        for s, lst in enumerate(listeners):
+            if t >= s:
+                frames += [_Frame(lst, s, 1, c) for c in (codes[:16] if t == s else codes[16 + t - s : 17 + t - s])]
+        worker._process([frames])
+        while (wait := worker._next_deadline()) is not None and wait < step_s:  # the worker's timer
+            clock[0] += wait
+            worker._process([])
+        for s, lst in enumerate(listeners):
+            if t >= s:
+                heard[s].append((clock[0], sum(lst.chunks)))
+        clock[0] = 1000.0 + (t + 1) * step_s
+    return worker, listeners, heard
+
+
+def test_streams_well_ahead_release_their_chunks_together(codec):
+    """With a release interval, streams well ahead of real time send their full chunks
+    in shared calls: fewer codec calls for the same audio, a turn's first audio still
+    at once, and no real-time player runs dry."""
+    hop = codec.hop_length
+    alone, _, _ = run_staggered(codec, 0.0)
+    worker, listeners, heard = run_staggered(codec, 0.05)
+    assert worker.frames_decoded <= alone.frames_decoded  # (what is still held goes at the end)
+    assert worker.calls <= 0.6 * alone.calls * worker.frames_decoded / alone.frames_decoded
+    for s, lst in enumerate(listeners):
+        start, first = heard[s][0]
+        assert first > 0  # the turn's first audio went out at once, in the step it came
+        for now, samples in heard[s]:
+            assert samples / hop * worker.frame_s >= now - start - 1e-9  # never behind real time
+    with pytest.raises(ValueError, match="release_interval"):
+        CodecWorker(codec, 2, release_interval_s=2.0)
+    with pytest.raises(ValueError, match="codec_release_interval_s"):
+        EngineConfig(codec_release_interval_s=-0.1)
+
+
 def test_chunk_sizes_are_powers_of_two_up_to_the_largest_offered():
     assert chunk_sizes(8) == (8, 4, 2, 1) and chunk_sizes(1) == (1,)
     for bad in (0, 3, 32):
