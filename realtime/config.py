@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-first-frames", type=int, default=1, choices=CHUNK_CHOICES,
                    help="frames a turn's first audio waits for (2: one more decode step before the first audio, "
                         "two frames of audio for the player to start on); at most --codec-max-chunk")
-    p.add_argument("--codec-release-interval", type=float, default=EngineConfig.codec_release_interval_s,
+    p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")
     p.add_argument("--cpu-threads", type=int, default=0,
