@@ -322,10 +322,10 @@ class CodecWorker:
         service did 1,941 frames/s against 3,465 with TTFA p50 671 ms against 99
         (latency_bench/reference/h200-s2pro/codec-policy/run2-*.json)."""
         due = [slot for slot, frames in self._held.items() if self._due(slot, frames, now)]
-        if self.release_interval_s and now >= self._release_at:
-            # this round took every full chunk that was waiting: the next go at the next release
-            self._release_at = now + self.release_interval_s
         self._flush(due, one_chunk=True)
+        if self.release_interval_s and now >= self._release_at and not self._releasing():
+            # a release lasts (one chunk per stream a round) until no full chunk is left
+            self._release_at = now + self.release_interval_s
 
     def _flush(self, slots: list[int], one_chunk: bool = False) -> None:
         """Decode every held frame of these streams (one_chunk: only each stream's next
