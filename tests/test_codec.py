@@ -359,16 +359,21 @@ def test_istft_decoder_is_causal_and_loads_from_its_config(tmp_path):
         codec_preset("tiny", decoder_kind="vocos")
 
 
+def lookahead_codec(window: int, lookahead: int) -> tuple[Codec, int]:
+    """A random small "istft" codec with this head window and lookahead, and its lag in samples."""
+    config = codec_preset("tiny", quantizer_window=WINDOW, decoder_kind="istft", decoder_layers=2,
+                          istft_window=window, istft_lookahead=lookahead)
+    codec = random_codec(config)
+    return codec, lookahead * codec.decoder.head.hop
+
+
 @pytest.mark.parametrize("window, lookahead", [(4, 3), (2, 1)])
 def test_istft_lookahead_stream_lags_and_decode_is_aligned(window, lookahead):
     """CodecConfig.istft_lookahead = L: the offline decode is the stream's audio advanced
     by L head hops (ending on the overlap-add tail), so it lines up with the codes' audio;
     a stream gives the same samples L hops later, in chunks of any size, and is still
     causal: its audio up to a code frame's end never depends on a later frame."""
-    config = codec_preset("tiny", quantizer_window=WINDOW, decoder_kind="istft", decoder_layers=2,
-                          istft_window=window, istft_lookahead=lookahead)
-    codec = random_codec(config)
-    lag = lookahead * codec.decoder.head.hop
+    codec, lag = lookahead_codec(window, lookahead)
     codes = random_codes(codec, 1, 9, seed=3)
     ref = codec.decode(codes)
     y = stream_in_chunks(StreamingDecoder(codec, max_streams=1), 0, codes, [2, 1, 6])
@@ -389,10 +394,7 @@ def test_drain_completes_a_segment_and_the_next_starts_from_silence(window, look
     """At a segment's end `drain` gives the L hops the stream still held back: the stream's
     audio plus them is the whole-sequence decode, whole, L hops later. The tail is then
     clear: a second drain is silence, and a decoder without lookahead holds nothing."""
-    config = codec_preset("tiny", quantizer_window=WINDOW, decoder_kind="istft", decoder_layers=2,
-                          istft_window=window, istft_lookahead=lookahead)
-    codec = random_codec(config)
-    lag = lookahead * codec.decoder.head.hop
+    codec, lag = lookahead_codec(window, lookahead)
     codes = random_codes(codec, 1, 9, seed=5)
     ref = codec.decode(codes)
     stream = StreamingDecoder(codec, max_streams=2)
@@ -405,8 +407,7 @@ def test_drain_completes_a_segment_and_the_next_starts_from_silence(window, look
     assert stream.drain(1).abs().max() == 0 and stream.drain(0).abs().max() == 0
     with pytest.raises(IndexError):
         stream.drain(2)
-    no_lookahead = StreamingDecoder(random_codec(codec_preset("tiny", quantizer_window=WINDOW, decoder_kind="istft",
-                                                              decoder_layers=2, istft_window=window)), max_streams=1)
+    no_lookahead = StreamingDecoder(lookahead_codec(window, 0)[0], max_streams=1)
     assert no_lookahead.drain(0) is None and no_lookahead.drain_samples == 0
 
 
