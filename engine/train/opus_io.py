@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 import struct
 from fractions import Fraction
@@ -88,11 +89,7 @@ def read_opus(path: str | Path, rate: int) -> np.ndarray:
 def _has_av() -> bool:
     if os.environ.get("FISH_TRAIN_NO_AV"):  # tests force the fallback path
         return False
-    try:
-        import av  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("av") is not None
 
 
 def _decode_av(path: str | Path) -> np.ndarray:

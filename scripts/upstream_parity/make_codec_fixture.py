@@ -17,6 +17,7 @@ This file only drives upstream's public classes; none of their code is in it.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from dac.nn.quantize import ResidualVectorQuantize  # noqa: F401  (upstream dependency check)
+importlib.import_module("dac.nn.quantize")  # upstream dependency check: fails early without descript-audio-codec
 from fish_speech.models.dac.modded_dac import DAC, ModelArgs, WindowLimitedTransformer
 from fish_speech.models.dac.rvq import DownsampleResidualVectorQuantize
 
