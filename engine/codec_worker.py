@@ -286,8 +286,9 @@ class CodecWorker:
                    for slot, frames in self._held.items())
 
     def _next_deadline(self) -> float | None:
-        """Seconds until the first held stream's lead falls to hold_lead_s (None: nothing
-        held; 0: some stream's frames are due now, left over from the last round)."""
+        """Seconds until the first held stream's lead falls to hold_lead_s, or until the
+        next shared release while full chunks wait for it (None: nothing held; 0: some
+        stream's frames are due now, left over from the last round)."""
         if not self._held:
             return None
         now = self.clock()
