@@ -5,7 +5,8 @@ What a user would notice, on the CPU, with the shipped weights:
 - `--model default` is the trained voice, inside the 40 MB budget, with its model card;
 - held-out plain sentences (never in training) come out as words pocketsphinx recognizes,
   through the engine and through the service (WebSocket, text streamed in pieces, PCM);
-- the audio's length fits the sentence (the model stops by itself);
+- the audio's length fits the sentence (the model stops by itself), and every reply ends
+  with the audio the codec held back for it (its lookahead), none of it left for the next;
 - cloning: a reference clip of a higher pseudo-speaker moves the output's pitch to it.
 
 A decode path that produces garbage at full speed (a wrong codebook order, a scale layout
@@ -122,3 +123,26 @@ def test_the_service_streams_intelligible_speech(tmp_path, asr):
             wer.add(text, asr.transcribe(pcm, ASR_RATE))
     assert wer.value <= MAX_WER_SERVICE, wer.report()
 
+
+
+def test_every_reply_ends_with_the_audio_the_codec_held_back(tmp_path, bundle):
+    """The default codec holds a reply's last hops back (its istft lookahead) until the
+    reply ends; the service sends them as the reply's last audio. So every reply at the
+    codec's own rate is a whole number of frames plus exactly those samples, also the
+    second reply of a connection (whose start once carried the first one's end)."""
+    from clients import connect
+    from engine.codec.streaming import StreamingDecoder
+
+    rate, hop = bundle.codec.sample_rate, bundle.codec.hop_length
+    held = StreamingDecoder(bundle.codec, 1).drain_samples
+    assert 0 < held < hop
+
+    async def run(url):
+        async with await connect(url, format="pcm", sample_rate=rate, seed=0) as session:
+            return [len((await session.speak([text])).audio) // 2 for text in PLAIN[12:14]]
+
+    with running_server(tmp_path, model="default") as srv:
+        lengths = asyncio.run(run(srv.ws_url))
+    assert len(lengths) == 2
+    for samples in lengths:
+        assert samples > 10 * hop and samples % hop == held, (lengths, hop, held)
