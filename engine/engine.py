@@ -491,8 +491,11 @@ class Engine:
         with self._lock:
             for stream in streams:
                 stream.owner.drop_turns()
+            slots = [s.slot for s in streams if s.slot is not None]
             self.sched.step_failed(streams)
             self._lock.notify_all()
+        for slot in slots:  # as at a barge-in: the audio the codec holds back is the dropped turns'
+            self.codec.cut(slot)
         for stream in streams:
             handle = stream.owner
             if not handle.closed:

@@ -14,15 +14,14 @@ logits' relative error per input.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from engine.bundle import load_bundle
 from engine.kv_cache import FastCache, KVCache
 from engine.quant import quantize_model_
+from engine.train.corpus import plain_sentences
 
-ROOT = Path(__file__).resolve().parents[1]
 GATE_TEXT = "Hello, this is a fixed reference input for the gate."
 
 
@@ -62,8 +61,7 @@ def main() -> int:
     p.add_argument("--frames", type=int, default=5)
     p.add_argument("--inputs", type=int, default=16)
     args = p.parse_args()
-    plain = [line for line in (ROOT / "engine/train/plain_sentences.txt").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    plain = [item["text"] for item in plain_sentences()]
     texts = [GATE_TEXT, *plain][: args.inputs]
     torch.set_grad_enabled(False)
     bundle = load_bundle(args.model, args.device, torch.bfloat16)

@@ -27,6 +27,7 @@ from engine.audio import load_audio, resample
 from engine.bundle import DEFAULT_FOLDER, load_bundle
 from engine.generate import Synthesizer
 from engine.prompt import Voice
+from engine.train.corpus import plain_sentences
 from engine.train.evaluate import ASR_RATE, FEATURE_RATE, WER, Recognizer, pitch_semitones, synthesize
 from server import running_server
 
@@ -36,8 +37,7 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_FOLDER / "config.json").exists(),
                                 reason="no trained default voice is packaged yet (engine/assets/default, issue 6)")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "voice"
-PLAIN = [line for line in (Path(__file__).parents[1] / "engine/train/plain_sentences.txt").read_text().splitlines()
-         if line.strip() and not line.startswith("#")]
+PLAIN = [item["text"] for item in plain_sentences()]
 SENTENCES = PLAIN[:6]
 MAX_WER_ENGINE = 0.45  # gate 0.30 on 99 sentences through the service; six here
 MAX_WER_SERVICE = 0.45  # six other sentences (two, ~23 words, swung by 0.04 a word: 0.52 once at a 0.21 benchmark)
