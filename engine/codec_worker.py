@@ -122,7 +122,7 @@ class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
         snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
-        release_interval_s: float = 0.0,
+        release_interval_s: float = 0.0, state_kernels: bool | None = None,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         if first_frames not in self.chunks:
@@ -130,7 +130,7 @@ class CodecWorker:
         # frames a turn's first audio waits for (1: the first frame goes out alone; 2: a
         # player starts with two frames of audio, so the third has two frames' time to come)
         self.first_frames = first_frames
-        self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel)
+        self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel, state_kernels)
         # None: never hold frames back (every frame decoded as soon as it arrives)
         self.hold_lead_s = hold_lead_s
         # streams well ahead of real time release their full chunks together, at most

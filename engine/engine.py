@@ -41,6 +41,9 @@ log = logging.getLogger("engine")
 __all__ = ["Engine", "EngineConfig", "EngineError", "Refused", "StreamParams", "StreamSink", "VoiceInput"]
 
 
+CODEC_KERNELS = ("all", "snake", "off")  # EngineConfig.codec_kernels
+
+
 @dataclass(slots=True)
 class EngineConfig:
     max_running: int = 8  # streams holding a KV slot (open connections)
@@ -75,6 +78,11 @@ class EngineConfig:
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0
+    # the codec's Triton kernels, each used on a GPU once it has matched its reference
+    # there: "all" (kernels/snake.py and kernels/conv_state.py), "snake" (the Snake kernel
+    # only), "off" (the codec's PyTorch path): A/B baselines, or a way around a kernel
+    # that misbehaves on some GPU
+    codec_kernels: str = "all"
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same
     # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
@@ -95,6 +103,8 @@ class EngineConfig:
         if self.codec_first_frames not in chunks:
             raise ValueError(f"codec_first_frames must be one of {chunks} (at most codec_max_chunk), "
                              f"got {self.codec_first_frames}")
+        if self.codec_kernels not in CODEC_KERNELS:
+            raise ValueError(f"codec_kernels must be one of {CODEC_KERNELS}, got {self.codec_kernels!r}")
         if self.kv_quant not in KV_QUANTS:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
 
@@ -185,7 +195,9 @@ class Engine:
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,
-                                 release_interval_s=c.codec_release_interval_s)
+                                 release_interval_s=c.codec_release_interval_s,
+                                 snake_kernel=None if c.codec_kernels != "off" else False,
+                                 state_kernels=None if c.codec_kernels == "all" else False)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

@@ -2,8 +2,10 @@
 
 Two parts, for the model's codec (random weights for a preset):
 - the codec worker's calls as the service makes them (CUDA graphs, pinned copies), per
-  batch bucket and chunk, with the fused Snake kernel (kernels/snake.py) and without it
-  in the same run: host time of a call, to the PCM on the host;
+  batch bucket and chunk, in three variants in the same run: PyTorch only, the Snake
+  kernel (kernels/snake.py), and the Snake kernel plus the conv-state kernels
+  (kernels/conv_state.py, the service's default): host time of a call, to the PCM on
+  the host;
 - one eager streaming-decode call under torch.profiler, kernels grouped by name and
   sorted by GPU time (graphs hide their kernels from the profiler).
 
@@ -26,8 +28,16 @@ from latency_bench.jsonfile import write_json
 from latency_bench.profile_step import gpu_kernels, print_kernels
 
 
-def worker_times(codec, batches: list[int], snake_kernel: bool, repeats: int = 7) -> list[dict]:
-    worker = CodecWorker(codec, max(batches), snake_kernel=snake_kernel)
+VARIANTS = {  # name -> (snake_kernel, state_kernels)
+    "pytorch": (False, False),
+    "snake": (True, False),
+    "snake+state": (True, True),
+}
+
+
+def worker_times(codec, batches: list[int], variant: str, repeats: int = 7) -> list[dict]:
+    snake_kernel, state_kernels = VARIANTS[variant]
+    worker = CodecWorker(codec, max(batches), snake_kernel=snake_kernel, state_kernels=state_kernels)
     worker.warm_up()
     out = []
     with torch.inference_mode():
@@ -35,7 +45,7 @@ def worker_times(codec, batches: list[int], snake_kernel: bool, repeats: int = 7
             for n in CHUNKS:
                 codes = np.random.default_rng(0).integers(0, 1000, (b, worker.num_codebooks, n))
                 ms = median_ms(lambda: worker._call(list(range(b)), codes), worker.device, repeats)
-                out.append({"snake_kernel": snake_kernel, "batch": b, "frames": n, "ms": ms,
+                out.append({"variant": variant, "batch": b, "frames": n, "ms": ms,
                             "frames_per_s": b * n / ms * 1000})
     return out
 
@@ -106,12 +116,13 @@ def main(argv=None) -> int:
     bundle = load_bundle(a.model, "cuda")
     batches = [int(x) for x in a.batch.split(",")]
     res = {"model": bundle.name, "codec_dtype": str(bundle.dtype), "worker": []}
-    for on in (False, True):
-        res["worker"] += worker_times(bundle.codec, batches, on)
-    print(f"{'batch':>5} {'frames':>6} {'PyTorch Snake ms':>17} {'Snake kernel ms':>16} {'ratio':>6}")
-    for off, on in zip(*(  # same (batch, frames) order in both halves
-            [r for r in res["worker"] if r["snake_kernel"] is k] for k in (False, True))):
-        print(f"{off['batch']:>5} {off['frames']:>6} {off['ms']:>17.2f} {on['ms']:>16.2f} {off['ms'] / on['ms']:>5.2f}x")
+    for variant in VARIANTS:
+        res["worker"] += worker_times(bundle.codec, batches, variant)
+    print(f"{'batch':>5} {'frames':>6}" + "".join(f" {v + ' ms':>15}" for v in VARIANTS) + "  pytorch / last")
+    for rows in zip(*(  # the same (batch, frames) order in every variant
+            [r for r in res["worker"] if r["variant"] == v] for v in VARIANTS)):
+        print(f"{rows[0]['batch']:>5} {rows[0]['frames']:>6}" + "".join(f" {r['ms']:>15.2f}" for r in rows)
+              + f"  {rows[0]['ms'] / rows[-1]['ms']:>5.2f}x")
     rows = profile_call(bundle.codec, a.profile_batch, a.profile_frames)
     res["profile"] = {"batch": a.profile_batch, "frames": a.profile_frames, "kernels": rows}
     print_kernels(rows, "call", a.top, f"eager decode, batch {a.profile_batch} x {a.profile_frames} frames")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.codec_worker import CHUNK_CHOICES, CHUNKS
-from engine.engine import EngineConfig
+from engine.engine import CODEC_KERNELS, EngineConfig
 from engine.kv_cache import KV_QUANTS
 from realtime.protocol import Limits
 
@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")
+    p.add_argument("--codec-kernels", choices=CODEC_KERNELS, default="all",
+                   help="the codec's Triton kernels on a GPU, each used once it matches its reference there: all, "
+                        "snake (the Snake kernel only) or off (the codec's PyTorch path)")
     p.add_argument("--cpu-threads", type=int, default=0,
                    help="on a CPU device: torch threads while serving (0: half the cores; the decode and codec "
                         "threads compute at once, and more threads than cores slows both)")
@@ -104,6 +107,7 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
             codec_first_frames=a.codec_first_frames, codec_release_interval_s=a.codec_release_interval,
+            codec_kernels=a.codec_kernels,
             cpu_threads=a.cpu_threads or None,
         ),
         limits=Limits(

@@ -59,14 +59,15 @@ from engine.codec.model import Codec, DecoderBlock
 Step = Callable[[Tensor, Tensor], Tensor]
 
 
-def _snake_kernel_ok(device: torch.device, dtype: torch.dtype) -> bool:
-    from kernels.snake import self_check
+def _kernel_ok(name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether kernels/<name>.py compiles and matches its reference here (logged if not)."""
+    import importlib
 
-    why = self_check(device, dtype)
+    why = importlib.import_module(f"kernels.{name}").self_check(device, dtype)
     if why is not None:
         import logging
 
-        logging.getLogger(__name__).warning("Snake kernel off (PyTorch path instead): %s", why)
+        logging.getLogger(__name__).warning("kernels.%s off (PyTorch path instead): %s", name, why)
     return why is None
 
 
@@ -74,9 +75,12 @@ class StreamingDecoder:
     """Decodes up to `max_streams` streams, each in its own slot. Build it after the codec
     is on its final device and dtype: the state is allocated to match, once."""
 
-    def __init__(self, codec: Codec, max_streams: int, snake_kernel: bool | None = None) -> None:
-        """`snake_kernel`: Snake as one Triton pass (kernels/snake.py); None: on a GPU,
-        once the kernel has matched its reference there."""
+    def __init__(self, codec: Codec, max_streams: int, snake_kernel: bool | None = None,
+                 state_kernels: bool | None = None) -> None:
+        """`snake_kernel`: Snake as one Triton pass (kernels/snake.py); `state_kernels`: each
+        conv's per-slot state read and written in the pass that builds its input or
+        finishes its output, a Snake before a causal conv folded in (kernels/conv_state.py).
+        None: on a GPU, once the kernel has matched its reference there."""
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         weight = codec.decoder.model[0].conv.weight
@@ -84,8 +88,11 @@ class StreamingDecoder:
         self.max_streams = max_streams
         self.device, self.dtype = weight.device, weight.dtype
         if snake_kernel is None:
-            snake_kernel = self.device.type == "cuda" and _snake_kernel_ok(self.device, self.dtype)
+            snake_kernel = self.device.type == "cuda" and _kernel_ok("snake", self.device, self.dtype)
+        if state_kernels is None:
+            state_kernels = self.device.type == "cuda" and _kernel_ok("conv_state", self.device, self.dtype)
         self.snake_kernel = snake_kernel
+        self.state_kernels = state_kernels
         self._state: list[Tensor] = []  # every per-slot tensor, for reset and accounting
         self.pos = self._new(dtype=torch.long)
         self._post = codec.quantizer.post_module
@@ -198,7 +205,14 @@ class StreamingDecoder:
 
     def _compile(self, module: nn.Module) -> Step:
         if isinstance(module, nn.Sequential):
-            steps = [self._compile(m) for m in module]
+            steps, layers = [], list(module)
+            while layers:
+                layer = layers.pop(0)
+                if (self.state_kernels and isinstance(layer, Snake1d) and layers
+                        and isinstance(layers[0], CausalConv1d) and layers[0].receptive > 1):
+                    steps.append(self._conv_step(layers.pop(0), snake=layer))  # one pass for both
+                else:
+                    steps.append(self._compile(layer))
 
             def sequence(x: Tensor, slots: Tensor) -> Tensor:
                 for step in steps:
@@ -231,13 +245,20 @@ class StreamingDecoder:
             raise TypeError("only the post_module transformer is streamed")
         raise TypeError(f"no streaming rule for {type(module).__name__}")
 
-    def _conv_step(self, layer: CausalConv1d) -> Step:
+    def _conv_step(self, layer: CausalConv1d, snake: Snake1d | None = None) -> Step:
+        """The conv's step; `snake`: the Snake1d before it, applied on the way in (only
+        with the state kernels)."""
         if layer.stride != 1:
             raise TypeError("strided convs are not on the decode path")
         conv, ctx = layer.conv, layer.receptive - 1
         if ctx == 0:
             return lambda x, slots: conv(x)
-        history = self._new(conv.in_channels, ctx)  # [S, C_in, ctx]
+        history = self._new(conv.in_channels, ctx)  # [S, C_in, ctx], after the Snake if any
+        if self.state_kernels:
+            from kernels.conv_state import conv_input
+
+            alpha = None if snake is None else snake.alpha.view(-1)
+            return lambda x, slots: conv(conv_input(x, history, slots, alpha))
 
         def step(x: Tensor, slots: Tensor) -> Tensor:
             # x: [B, C_in, n] -> [B, C_out, n]
@@ -264,6 +285,14 @@ class StreamingDecoder:
         if overlap == 0:
             return lambda x, slots: conv(x)
         tail = self._new(conv.out_channels, overlap)  # [S, C_out, overlap], bias-free
+        if self.state_kernels:
+            from kernels.conv_state import transposed_output
+
+            def fused(x: Tensor, slots: Tensor) -> Tensor:
+                y = F.conv_transpose1d(x, conv.weight, None, stride=stride)  # [B, C_out, emit + overlap]
+                return transposed_output(y, tail, slots, conv.bias, x.shape[-1] * stride)
+
+            return fused
 
         def step(x: Tensor, slots: Tensor) -> Tensor:
             # x: [B, C_in, n] -> [B, C_out, n * stride]

@@ -1,0 +1,233 @@
+"""The streaming codec's per-slot conv state, read and written in the pass that builds a
+conv's input or finishes its output (engine/codec/streaming.py).
+
+A causal conv with a receptive field of ctx + 1 samples keeps, per stream slot, the last
+ctx inputs it saw; a call on n new samples runs on [history, x] (ctx + n columns) and
+leaves the last ctx of them as the new history. In PyTorch that is a gather
+(history[slots]), a concatenation, a strided copy and a scatter (history[slots] = ...),
+each its own pass over memory and its own launch, and in the decoder the Snake before
+the conv is one more pass. Measured on an H200 (latency_bench.profile_codec, s2-pro codec,
+batch 64 x 1 frame): Snake, cat, gather and scatter were ~3 of a call's 6.8 ms.
+
+`conv_input`: one launch builds the conv's input and updates the history:
+
+    x        [B, C, n]          the new inputs (unit stride along n)
+    history  [S, C, ctx]        contiguous; row slots[b] is stream b's
+    slots    long [B]           distinct
+    alpha    [C] or None        Snake1d's alpha: x goes through the Snake on the way in
+    -> full  [B, C, ctx + n]    history[slots] then snake(x); afterwards
+                                history[slots] == full[..., n:] (the last ctx columns)
+
+`transposed_output`: a causal transposed conv's output overlaps the next call's by
+`overlap` samples; the overlap is kept per slot (bias-free) and added in:
+
+    y        [B, C, emit + overlap]   conv_transpose1d(x, weight, no bias)
+    tail     [S, C, overlap]          contiguous
+    bias     [C] or None
+    -> out   [B, C, emit]       y[..., :emit] + bias, plus tail[slots] on its first
+                                `overlap` columns; afterwards tail[slots] == y[..., emit:]
+                                (plus the old tail where it reaches past emit)
+
+Snake math is the one of kernels/snake.py (fp32, rounded once), so the results are those
+of the Snake kernel followed by the PyTorch state updates. Each stream's state row is
+read and rewritten by one program (the one at column block 0); the barrier orders its
+reads of the old state before its writes. `*_reference` are the same functions in
+plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.selfcheck import mismatch
+from kernels.snake import snake_reference
+
+BLOCK = 1024
+
+
+@triton.jit
+def _snake(x, alpha):
+    s = tl.sin(alpha * x)
+    return x + s * s / (alpha + 1e-9)
+
+
+@triton.jit
+def _conv_input_kernel(
+    x_ptr, h_ptr, slots_ptr, a_ptr, out_ptr, stride_xb, stride_xc, channels, n,
+    CTX: tl.constexpr, CTX_BLOCK: tl.constexpr, BLOCK: tl.constexpr, SNAKE: tl.constexpr,
+):
+    row = tl.program_id(0)  # b * C + c
+    col = tl.program_id(1)
+    b = row // channels
+    c = row % channels
+    x_row = x_ptr + b * stride_xb + c * stride_xc
+    out_row = out_ptr + row * (CTX + n)
+    alpha = 0.0
+    if SNAKE:
+        alpha = tl.load(a_ptr + c).to(tl.float32)
+    # the body: out[ctx + t] = snake(x[t])
+    offs = col * BLOCK + tl.arange(0, BLOCK)
+    keep = offs < n
+    x = tl.load(x_row + offs, mask=keep, other=0.0)
+    v = x.to(tl.float32)
+    if SNAKE:
+        v = _snake(v, alpha)
+    tl.store(out_row + CTX + offs, v.to(out_ptr.dtype.element_ty), mask=keep)
+    # the state, by the row's first program only (the mask): the old history goes in
+    # front, the last ctx columns of the whole input become the new history
+    slot = tl.load(slots_ptr + b)
+    h_row = h_ptr + (slot * channels + c) * CTX
+    j = tl.arange(0, CTX_BLOCK)
+    mine = (j < CTX) & (j * 0 + col == 0)  # (a vector compare: the interpreter wants a block mask)
+    old = tl.load(h_row + j, mask=mine, other=0.0)
+    src = n + j  # column of the whole input that becomes history column j
+    from_old = src < CTX
+    kept_old = tl.load(h_row + src, mask=mine & from_old, other=0.0).to(tl.float32)
+    kept_new = tl.load(x_row + src - CTX, mask=mine & (src >= CTX), other=0.0).to(tl.float32)
+    if SNAKE:
+        kept_new = _snake(kept_new, alpha)
+    # rounded to the output dtype as the body is, so history == full[..., n:] exactly
+    new = tl.where(from_old, kept_old, kept_new.to(out_ptr.dtype.element_ty).to(tl.float32))
+    tl.debug_barrier()  # every read of the old history before any write of the new
+    tl.store(out_row + j, old.to(out_ptr.dtype.element_ty), mask=mine)
+    tl.store(h_row + j, new.to(h_ptr.dtype.element_ty), mask=mine)
+
+
+@triton.jit
+def _transposed_output_kernel(
+    y_ptr, tail_ptr, slots_ptr, bias_ptr, out_ptr, stride_yb, stride_yc, channels, emit,
+    OVERLAP: tl.constexpr, OVERLAP_BLOCK: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    col = tl.program_id(1)
+    b = row // channels
+    c = row % channels
+    y_row = y_ptr + b * stride_yb + c * stride_yc
+    slot = tl.load(slots_ptr + b)
+    t_row = tail_ptr + (slot * channels + c) * OVERLAP
+    bias = 0.0
+    if BIAS:
+        bias = tl.load(bias_ptr + c).to(tl.float32)
+    offs = col * BLOCK + tl.arange(0, BLOCK)
+    keep = offs < emit
+    v = tl.load(y_row + offs, mask=keep, other=0.0).to(tl.float32)
+    # the old tail adds onto the first `overlap` columns: only the first column block
+    # reaches them (the launcher checks overlap <= BLOCK)
+    v += tl.load(t_row + offs, mask=keep & (offs < OVERLAP), other=0.0).to(tl.float32)
+    # the new tail: y[emit + j], plus the old tail where it reaches past emit
+    j = tl.arange(0, OVERLAP_BLOCK)
+    mine = (j < OVERLAP) & (j * 0 + col == 0)
+    new = tl.load(y_row + emit + j, mask=mine, other=0.0).to(tl.float32)
+    new += tl.load(t_row + emit + j, mask=mine & (emit + j < OVERLAP), other=0.0).to(tl.float32)
+    tl.debug_barrier()  # every read of the old tail before any write of the new
+    tl.store(out_ptr + row * emit + offs, (v + bias).to(out_ptr.dtype.element_ty), mask=keep)
+    tl.store(t_row + j, new.to(tail_ptr.dtype.element_ty), mask=mine)
+
+
+def _check_state(x: Tensor, state: Tensor, slots: Tensor, what: str) -> None:
+    if x.ndim != 3 or state.ndim != 3 or state.shape[1] != x.shape[1]:
+        raise ValueError(f"{what}: x must be [B, C, n] and the state [S, C, k], got {list(x.shape)} and {list(state.shape)}")
+    if not state.is_contiguous() or state.dtype != x.dtype or state.device != x.device:
+        raise ValueError(f"{what}: the state must be contiguous, of x's dtype and device; got {state.dtype} on {state.device}")
+    if slots.shape != (x.shape[0],) or slots.dtype != torch.long or slots.device != x.device:
+        raise ValueError(f"{what}: slots must be long [B] on x's device, got {slots.dtype} {list(slots.shape)}")
+
+
+def _check_channel_vector(v: Tensor | None, x: Tensor, what: str) -> None:
+    if v is not None and (v.shape != (x.shape[1],) or v.device != x.device):
+        raise ValueError(f"{what} must be [C] = [{x.shape[1]}] on x's device, got {list(v.shape)} on {v.device}")
+
+
+def conv_input(x: Tensor, history: Tensor, slots: Tensor, alpha: Tensor | None = None) -> Tensor:
+    """See the module docstring."""
+    _check_state(x, history, slots, "conv_input")
+    _check_channel_vector(alpha, x, "alpha")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    b, c, n = x.shape
+    ctx = history.shape[2]
+    if ctx < 1:
+        raise ValueError("conv_input needs a history (ctx >= 1)")
+    out = torch.empty(b, c, ctx + n, device=x.device, dtype=x.dtype)
+    if b * c and n:
+        _conv_input_kernel[(b * c, triton.cdiv(n, BLOCK))](
+            x, history, slots, alpha if alpha is not None else x, out, x.stride(0), x.stride(1), c, n,
+            CTX=ctx, CTX_BLOCK=triton.next_power_of_2(ctx), BLOCK=BLOCK, SNAKE=alpha is not None, num_warps=4,
+        )
+    return out
+
+
+def transposed_output(y: Tensor, tail: Tensor, slots: Tensor, bias: Tensor | None, emit: int) -> Tensor:
+    """See the module docstring."""
+    _check_state(y, tail, slots, "transposed_output")
+    _check_channel_vector(bias, y, "bias")
+    overlap = tail.shape[2]
+    if not 1 <= overlap <= BLOCK or y.shape[2] != emit + overlap or emit < 1:
+        raise ValueError(f"transposed_output: y must be [B, C, emit + overlap] with 1 <= overlap <= {BLOCK}, "
+                         f"got {list(y.shape)}, emit {emit}, overlap {overlap}")
+    if y.stride(-1) != 1:
+        y = y.contiguous()
+    b, c, _ = y.shape
+    out = torch.empty(b, c, emit, device=y.device, dtype=y.dtype)
+    if b * c:
+        _transposed_output_kernel[(b * c, triton.cdiv(emit, BLOCK))](
+            y, tail, slots, bias if bias is not None else y, out, y.stride(0), y.stride(1), c, emit,
+            OVERLAP=overlap, OVERLAP_BLOCK=triton.next_power_of_2(overlap), BLOCK=BLOCK, BIAS=bias is not None,
+            num_warps=4,
+        )
+    return out
+
+
+def conv_input_reference(x: Tensor, history: Tensor, slots: Tensor, alpha: Tensor | None = None) -> Tensor:
+    """`conv_input` in plain PyTorch (updates `history` the same way)."""
+    _check_state(x, history, slots, "conv_input")
+    if alpha is not None:
+        x = snake_reference(x, alpha)
+    full = torch.cat([history[slots], x], dim=-1)
+    history[slots] = full[..., x.shape[-1]:]
+    return full
+
+
+def transposed_output_reference(y: Tensor, tail: Tensor, slots: Tensor, bias: Tensor | None, emit: int) -> Tensor:
+    """`transposed_output` in plain PyTorch (updates `tail` the same way)."""
+    _check_state(y, tail, slots, "transposed_output")
+    overlap = tail.shape[2]
+    y = y.float().clone()
+    y[..., :overlap] += tail[slots].float()
+    tail[slots] = y[..., emit:].to(tail.dtype)
+    out = y[..., :emit]
+    if bias is not None:
+        out = out + bias.float()[:, None]
+    return out.to(tail.dtype)
+
+
+def self_check(device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """Compile and run both kernels once against their references (state updates
+    included): None if they agree, else why not (the caller keeps the PyTorch path)."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        slots = torch.tensor([2, 0], device=device)
+        for n in (3, 40):  # shorter and longer than the history
+            x = (torch.randn(2, 24, n, generator=g) * 3).to(device, dtype)
+            alpha = (torch.rand(24, generator=g) * 2).to(device, dtype)
+            history = torch.randn(3, 24, 18, generator=g).to(device, dtype)
+            want_h = history.clone()
+            want = conv_input_reference(x, want_h, slots, alpha)
+            why = mismatch("conv_input", conv_input(x, history, slots, alpha), want, dtype) or mismatch(
+                "conv_input's history", history, want_h, dtype)
+            if why:
+                return why
+            y = torch.randn(2, 24, 4 * n + 4, generator=g).to(device, dtype)
+            bias, tail = torch.randn(24, generator=g).to(device, dtype), torch.randn(3, 24, 4, generator=g).to(device, dtype)
+            want_t = tail.clone()
+            want = transposed_output_reference(y, want_t, slots, bias, 4 * n)
+            why = mismatch("transposed_output", transposed_output(y, tail, slots, bias, 4 * n), want, dtype) or mismatch(
+                "transposed_output's tail", tail, want_t, dtype)
+            if why:
+                return why
+        return None
+    except Exception as e:  # a compile failure included
+        return f"conv_state: {type(e).__name__}: {e}"
