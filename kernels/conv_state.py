@@ -43,10 +43,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.selfcheck import mismatch
-from kernels.snake import snake_reference
-
-BLOCK = 1024
-
+from kernels.snake import snake_reference, tile
 
 @triton.jit
 def _snake(x, alpha):
@@ -56,75 +53,76 @@ def _snake(x, alpha):
 
 @triton.jit
 def _conv_input_kernel(
-    x_ptr, h_ptr, slots_ptr, a_ptr, out_ptr, stride_xb, stride_xc, channels, n,
-    CTX: tl.constexpr, CTX_BLOCK: tl.constexpr, BLOCK: tl.constexpr, SNAKE: tl.constexpr,
+    x_ptr, h_ptr, slots_ptr, a_ptr, out_ptr, stride_xb, stride_xc, rows, channels, n,
+    CTX: tl.constexpr, CTX_BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, SNAKE: tl.constexpr,
 ):
-    row = tl.program_id(0)  # b * C + c
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows b * C + c
     col = tl.program_id(1)
-    b = row // channels
-    c = row % channels
-    x_row = x_ptr + b * stride_xb + c * stride_xc
-    out_row = out_ptr + row * (CTX + n)
-    alpha = 0.0
+    real = r < rows
+    b = r // channels
+    c = r % channels
+    x_row = (b * stride_xb + c * stride_xc)[:, None]  # [ROWS, 1]
+    out_row = (r * (CTX + n))[:, None]
+    alpha = tl.zeros((ROWS, 1), tl.float32)
     if SNAKE:
-        alpha = tl.load(a_ptr + c).to(tl.float32)
+        alpha = tl.load(a_ptr + c, mask=real, other=1.0).to(tl.float32)[:, None]
     # the body: out[ctx + t] = snake(x[t])
-    offs = col * BLOCK + tl.arange(0, BLOCK)
-    keep = offs < n
-    x = tl.load(x_row + offs, mask=keep, other=0.0)
-    v = x.to(tl.float32)
+    t = (col * BLOCK + tl.arange(0, BLOCK))[None, :]
+    keep = real[:, None] & (t < n)
+    v = tl.load(x_ptr + x_row + t, mask=keep, other=0.0).to(tl.float32)
     if SNAKE:
         v = _snake(v, alpha)
-    tl.store(out_row + CTX + offs, v.to(out_ptr.dtype.element_ty), mask=keep)
-    # the state, by the row's first program only (the mask): the old history goes in
+    tl.store(out_ptr + out_row + CTX + t, v.to(out_ptr.dtype.element_ty), mask=keep)
+    # the state, by each row's first program only (the mask): the old history goes in
     # front, the last ctx columns of the whole input become the new history
-    slot = tl.load(slots_ptr + b)
-    h_row = h_ptr + (slot * channels + c) * CTX
-    j = tl.arange(0, CTX_BLOCK)
-    mine = (j < CTX) & (j * 0 + col == 0)  # (a vector compare: the interpreter wants a block mask)
-    old = tl.load(h_row + j, mask=mine, other=0.0)
+    slot = tl.load(slots_ptr + b, mask=real, other=0)
+    h_row = ((slot * channels + c) * CTX)[:, None]
+    j = tl.arange(0, CTX_BLOCK)[None, :]
+    mine = real[:, None] & (j < CTX) & (j * 0 + col == 0)
+    old = tl.load(h_ptr + h_row + j, mask=mine, other=0.0)
     src = n + j  # column of the whole input that becomes history column j
     from_old = src < CTX
-    kept_old = tl.load(h_row + src, mask=mine & from_old, other=0.0).to(tl.float32)
-    kept_new = tl.load(x_row + src - CTX, mask=mine & (src >= CTX), other=0.0).to(tl.float32)
+    kept_old = tl.load(h_ptr + h_row + src, mask=mine & from_old, other=0.0).to(tl.float32)
+    kept_new = tl.load(x_ptr + x_row + src - CTX, mask=mine & (src >= CTX), other=0.0).to(tl.float32)
     if SNAKE:
         kept_new = _snake(kept_new, alpha)
     # rounded to the output dtype as the body is, so history == full[..., n:] exactly
     new = tl.where(from_old, kept_old, kept_new.to(out_ptr.dtype.element_ty).to(tl.float32))
     tl.debug_barrier()  # every read of the old history before any write of the new
-    tl.store(out_row + j, old.to(out_ptr.dtype.element_ty), mask=mine)
-    tl.store(h_row + j, new.to(h_ptr.dtype.element_ty), mask=mine)
+    tl.store(out_ptr + out_row + j, old.to(out_ptr.dtype.element_ty), mask=mine)
+    tl.store(h_ptr + h_row + j, new.to(h_ptr.dtype.element_ty), mask=mine)
 
 
 @triton.jit
 def _transposed_output_kernel(
-    y_ptr, tail_ptr, slots_ptr, bias_ptr, out_ptr, stride_yb, stride_yc, channels, emit,
-    OVERLAP: tl.constexpr, OVERLAP_BLOCK: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr,
+    y_ptr, tail_ptr, slots_ptr, bias_ptr, out_ptr, stride_yb, stride_yc, rows, channels, emit,
+    OVERLAP: tl.constexpr, OVERLAP_BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     col = tl.program_id(1)
-    b = row // channels
-    c = row % channels
-    y_row = y_ptr + b * stride_yb + c * stride_yc
-    slot = tl.load(slots_ptr + b)
-    t_row = tail_ptr + (slot * channels + c) * OVERLAP
-    bias = 0.0
+    real = r < rows
+    b = r // channels
+    c = r % channels
+    y_row = (b * stride_yb + c * stride_yc)[:, None]
+    slot = tl.load(slots_ptr + b, mask=real, other=0)
+    t_row = ((slot * channels + c) * OVERLAP)[:, None]
+    bias = tl.zeros((ROWS, 1), tl.float32)
     if BIAS:
-        bias = tl.load(bias_ptr + c).to(tl.float32)
-    offs = col * BLOCK + tl.arange(0, BLOCK)
-    keep = offs < emit
-    v = tl.load(y_row + offs, mask=keep, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + c, mask=real, other=0.0).to(tl.float32)[:, None]
+    t = (col * BLOCK + tl.arange(0, BLOCK))[None, :]
+    keep = real[:, None] & (t < emit)
+    v = tl.load(y_ptr + y_row + t, mask=keep, other=0.0).to(tl.float32)
     # the old tail adds onto the first `overlap` columns: only the first column block
-    # reaches them (the launcher checks overlap <= BLOCK)
-    v += tl.load(t_row + offs, mask=keep & (offs < OVERLAP), other=0.0).to(tl.float32)
+    # reaches them (the launcher makes BLOCK >= overlap)
+    v += tl.load(tail_ptr + t_row + t, mask=keep & (t < OVERLAP), other=0.0).to(tl.float32)
     # the new tail: y[emit + j], plus the old tail where it reaches past emit
-    j = tl.arange(0, OVERLAP_BLOCK)
-    mine = (j < OVERLAP) & (j * 0 + col == 0)
-    new = tl.load(y_row + emit + j, mask=mine, other=0.0).to(tl.float32)
-    new += tl.load(t_row + emit + j, mask=mine & (emit + j < OVERLAP), other=0.0).to(tl.float32)
+    j = tl.arange(0, OVERLAP_BLOCK)[None, :]
+    mine = real[:, None] & (j < OVERLAP) & (j * 0 + col == 0)
+    new = tl.load(y_ptr + y_row + emit + j, mask=mine, other=0.0).to(tl.float32)
+    new += tl.load(tail_ptr + t_row + emit + j, mask=mine & (emit + j < OVERLAP), other=0.0).to(tl.float32)
     tl.debug_barrier()  # every read of the old tail before any write of the new
-    tl.store(out_ptr + row * emit + offs, (v + bias).to(out_ptr.dtype.element_ty), mask=keep)
-    tl.store(t_row + j, new.to(tail_ptr.dtype.element_ty), mask=mine)
+    tl.store(out_ptr + (r * emit)[:, None] + t, (v + bias).to(out_ptr.dtype.element_ty), mask=keep)
+    tl.store(tail_ptr + t_row + j, new.to(tail_ptr.dtype.element_ty), mask=mine)
 
 
 def _check_state(x: Tensor, state: Tensor, slots: Tensor, what: str) -> None:
@@ -153,9 +151,12 @@ def conv_input(x: Tensor, history: Tensor, slots: Tensor, alpha: Tensor | None =
         raise ValueError("conv_input needs a history (ctx >= 1)")
     out = torch.empty(b, c, ctx + n, device=x.device, dtype=x.dtype)
     if b * c and n:
-        _conv_input_kernel[(b * c, triton.cdiv(n, BLOCK))](
-            x, history, slots, alpha if alpha is not None else x, out, x.stride(0), x.stride(1), c, n,
-            CTX=ctx, CTX_BLOCK=triton.next_power_of_2(ctx), BLOCK=BLOCK, SNAKE=alpha is not None, num_warps=4,
+        # columns blocks at least ctx wide: each program's history tile is ROWS x ctx too
+        rows, block = tile(max(n, ctx))
+        _conv_input_kernel[(triton.cdiv(b * c, rows), triton.cdiv(n, block))](
+            x, history, slots, alpha if alpha is not None else x, out, x.stride(0), x.stride(1), b * c, c, n,
+            CTX=ctx, CTX_BLOCK=triton.next_power_of_2(ctx), ROWS=rows, BLOCK=block, SNAKE=alpha is not None,
+            num_warps=4,
         )
     return out
 
@@ -165,18 +166,20 @@ def transposed_output(y: Tensor, tail: Tensor, slots: Tensor, bias: Tensor | Non
     _check_state(y, tail, slots, "transposed_output")
     _check_channel_vector(bias, y, "bias")
     overlap = tail.shape[2]
-    if not 1 <= overlap <= BLOCK or y.shape[2] != emit + overlap or emit < 1:
-        raise ValueError(f"transposed_output: y must be [B, C, emit + overlap] with 1 <= overlap <= {BLOCK}, "
+    if not 1 <= overlap <= 1024 or y.shape[2] != emit + overlap or emit < 1:
+        raise ValueError(f"transposed_output: y must be [B, C, emit + overlap] with 1 <= overlap <= 1024, "
                          f"got {list(y.shape)}, emit {emit}, overlap {overlap}")
     if y.stride(-1) != 1:
         y = y.contiguous()
     b, c, _ = y.shape
     out = torch.empty(b, c, emit, device=y.device, dtype=y.dtype)
     if b * c:
-        _transposed_output_kernel[(b * c, triton.cdiv(emit, BLOCK))](
-            y, tail, slots, bias if bias is not None else y, out, y.stride(0), y.stride(1), c, emit,
-            OVERLAP=overlap, OVERLAP_BLOCK=triton.next_power_of_2(overlap), BLOCK=BLOCK, BIAS=bias is not None,
-            num_warps=4,
+        # column blocks at least `overlap` wide: the old tail is added by the first one
+        rows, block = tile(max(emit, overlap))
+        _transposed_output_kernel[(triton.cdiv(b * c, rows), triton.cdiv(emit, block))](
+            y, tail, slots, bias if bias is not None else y, out, y.stride(0), y.stride(1), b * c, c, emit,
+            OVERLAP=overlap, OVERLAP_BLOCK=triton.next_power_of_2(overlap), ROWS=rows, BLOCK=block,
+            BIAS=bias is not None, num_warps=4,
         )
     return out
 

@@ -61,6 +61,30 @@ def profile_call(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
         return gpu_kernels(lambda: dec.decode(slots, codes), steps, "call")
 
 
+def op_times(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
+    """One eager streaming-decode call under torch.profiler at the operator level: each
+    PyTorch op (and Triton launch) by name and input shapes, with the GPU time of the
+    kernels it launched (self), slowest first. Says which op a kernel of the list above
+    comes from (a copy from a transpose, a cat of the transformer's cache, ...)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dec = StreamingDecoder(codec, batch)
+    codes = torch.randint(0, 1000, (batch, codec.num_codebooks, frames), device=dec.device)
+    slots = torch.arange(batch, device=dec.device)
+    with torch.inference_mode():
+        for _ in range(3):
+            dec.decode(slots, codes)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            for _ in range(steps):
+                dec.decode(slots, codes)
+            torch.cuda.synchronize()
+    rows = [{"op": e.key, "shapes": str(e.input_shapes)[:120], "us_per_call": e.self_device_time_total / steps,
+             "count_per_call": e.count / steps}
+            for e in prof.key_averages(group_by_input_shape=True) if e.self_device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["us_per_call"])
+
+
 def module_times(codec, batch: int, frames: int) -> list[dict]:
     """GPU time of every conv module in one eager streaming-decode call, slowest first."""
     dec = StreamingDecoder(codec, batch)
@@ -109,6 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="let cuDNN time its kernels per conv shape (torch.backends.cudnn.benchmark)")
+    p.add_argument("--ops", type=int, default=0, help="also list the N slowest PyTorch ops of one call, by input shapes")
     p.add_argument("--modules", type=int, default=0, help="also list the N slowest conv modules of one call")
     p.add_argument("--out", default="out/profile_codec")
     a = p.parse_args(argv)
@@ -126,6 +151,12 @@ def main(argv=None) -> int:
     rows = profile_call(bundle.codec, a.profile_batch, a.profile_frames)
     res["profile"] = {"batch": a.profile_batch, "frames": a.profile_frames, "kernels": rows}
     print_kernels(rows, "call", a.top, f"eager decode, batch {a.profile_batch} x {a.profile_frames} frames")
+    if a.ops:
+        ops = op_times(bundle.codec, a.profile_batch, a.profile_frames)[: a.ops]
+        res["ops"] = ops
+        print(f"\nslowest ops (self GPU time), batch {a.profile_batch} x {a.profile_frames} frames (eager):")
+        for r in ops:
+            print(f"  {r['us_per_call']:8.1f} us  x{r['count_per_call']:5.1f}  {r['op']}  {r['shapes']}")
     if a.modules:
         slow = module_times(bundle.codec, a.profile_batch, a.profile_frames)[: a.modules]
         res["modules"] = slow

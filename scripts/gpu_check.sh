@@ -93,7 +93,10 @@ step)
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
     ;;
 codec)
-    timeout 200 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 \
+    # compiled codec-kernel tests, the worker's call times in three variants, the eager
+    # call's kernels and its slowest ops
+    timeout 120 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py 2>&1 | tail -3
+    timeout 200 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 --ops 40 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
     ;;
 codec64)
