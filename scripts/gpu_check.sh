@@ -45,7 +45,8 @@ cat "$out/gpu.txt"
 # every test that needs the GPU (compiled kernels, CUDA graphs), and the FP8 ones
 gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py
            tests/test_kernel_add_rms_norm.py tests/test_kernel_swiglu.py tests/test_kernel_fast_attention.py tests/test_step_kernels.py
-           tests/test_kernel_snake.py tests/test_kernel_snake_train.py tests/test_kernel_sample.py)
+           tests/test_kernel_snake.py tests/test_kernel_snake_train.py tests/test_kernel_sample.py tests/test_kernel_conv_state.py
+           tests/test_kernel_residual.py)
 fp8_tests=(tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py)
 # random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
@@ -95,7 +96,7 @@ step)
 codec)
     # compiled codec-kernel tests, the worker's call times in three variants, the eager
     # call's kernels and its slowest ops
-    timeout 120 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py 2>&1 | tail -3
+    timeout 120 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py tests/test_kernel_residual.py 2>&1 | tail -3
     timeout 200 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 --ops 40 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
     ;;

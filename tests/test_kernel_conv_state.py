@@ -92,13 +92,13 @@ def test_bad_inputs_are_refused():
         transposed_output(x, torch.zeros(2, 4, 3, device=DEVICE), slots, None, 4)  # 4 + 3 != 8
 
 
-@pytest.mark.parametrize("decoder", ["dac", "istft"])
-def test_streaming_decode_with_the_kernels_matches_without(decoder):
+@pytest.mark.parametrize("decoder, window", [("dac", 128), ("istft", 128), ("dac", 4)])
+def test_streaming_decode_with_the_kernels_matches_without(decoder, window):
     """Chunks of different sizes, streams joining late, one stream reset midway: with the
-    state kernels (and Snake folded into the convs) every call's audio is the PyTorch
-    path's."""
+    state kernels (Snake folded into the convs, attention over the rings) every call's
+    audio is the PyTorch path's; with a window of 4 frames the rings wrap around."""
     torch.manual_seed(0)
-    codec = Codec(codec_preset("tiny", decoder_kind=decoder)).to(DEVICE).eval()
+    codec = Codec(codec_preset("tiny", decoder_kind=decoder, quantizer_window=window)).to(DEVICE).eval()
     with torch.no_grad():  # alphas away from their init of 1, so that a channel mix-up shows
         for m in codec.modules():
             if isinstance(m, Snake1d):
@@ -121,3 +121,43 @@ def test_streaming_decode_with_the_kernels_matches_without(decoder):
 
 def test_self_check_passes():
     assert self_check(DEVICE, torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, window, starts", [
+    (1, 8, [0, 5, 40]),     # a fresh slot, a ring not yet full, a ring wrapped many times
+    (3, 8, [6, 0, 13]),     # new frames overwrite rows earlier queries of the call still see
+    (12, 8, [2, 9, 0]),     # more new frames than the window
+    (4, 128, [0, 200, 127]),
+])
+def test_ring_attention_matches_reference(n, window, starts, dtype):
+    from kernels.ring_attention import ring_attention, ring_attention_reference
+
+    g = torch.Generator().manual_seed(n * 1000 + window)
+    slots = torch.tensor([3, 0, 1], device=DEVICE)
+    start = torch.tensor(starts, device=DEVICE)
+    qkv = torch.randn(3, n, 3, 4, 32, generator=g).to(DEVICE, dtype)
+    q, k, v = qkv.unbind(2)  # strided views, as the decoder's wqkv output gives them
+    k_cache, v_cache = (torch.randn(4, window, 4, 32, generator=g).to(DEVICE, dtype) for _ in range(2))
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = ring_attention_reference(q, k, v, want_k, want_v, slots, start)
+    got = ring_attention(q, k, v, k_cache, v_cache, slots, start)
+    assert got.shape == (3, n, 4, 32) and got.dtype == dtype
+    assert rel(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)  # rows moved, not computed
+    assert torch.equal(k_cache[2], want_k[2])  # a slot outside the call is untouched
+
+
+def test_ring_attention_refuses_bad_inputs():
+    from kernels.ring_attention import ring_attention
+
+    q = torch.randn(2, 1, 4, 32, device=DEVICE)
+    cache = torch.zeros(3, 8, 4, 32, device=DEVICE)
+    slots, start = torch.tensor([0, 1], device=DEVICE), torch.tensor([0, 0], device=DEVICE)
+    with pytest.raises(ValueError, match="caches"):
+        ring_attention(q, q, q, torch.zeros(3, 8, 2, 32, device=DEVICE), cache, slots, start)
+    with pytest.raises(ValueError, match="start"):
+        ring_attention(q, q, q, cache, cache.clone(), slots, start.int())
+    with pytest.raises(ValueError, match="head size"):
+        ring_attention(*(torch.randn(2, 1, 4, 24, device=DEVICE),) * 3, torch.zeros(3, 8, 4, 24, device=DEVICE),
+                       torch.zeros(3, 8, 4, 24, device=DEVICE), slots, start)

@@ -67,3 +67,14 @@ def test_streaming_decode_with_the_kernel_matches_without():
 
 def test_self_check_passes():
     assert self_check(DEVICE, torch.bfloat16) is None
+
+
+def test_bias_is_added_first():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 6, 300, generator=g).to(DEVICE)
+    alpha = (torch.rand(6, generator=g) * 2 + 0.05).to(DEVICE)
+    bias = torch.randn(6, generator=g).to(DEVICE)
+    out = snake(x, alpha, bias)
+    assert rel(out, snake_reference(x, alpha, bias)) < 1e-6
+    assert rel(out, snake_reference(x + bias[:, None], alpha)) < 1e-6
+    assert rel(out, snake(x, alpha)) > 1e-2  # the bias did something

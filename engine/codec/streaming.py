@@ -79,7 +79,10 @@ class StreamingDecoder:
                  state_kernels: bool | None = None) -> None:
         """`snake_kernel`: Snake as one Triton pass (kernels/snake.py); `state_kernels`: each
         conv's per-slot state read and written in the pass that builds its input or
-        finishes its output, a Snake before a causal conv folded in (kernels/conv_state.py).
+        finishes its output, a Snake before a causal conv folded in (kernels/conv_state.py),
+        the transformer's attention over its rings (kernels/ring_attention.py), and the
+        residual units' conv biases added in the passes after their convs (kernels/snake.py,
+        kernels/residual.py).
         None: on a GPU, once the kernel has matched its reference there."""
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
@@ -90,7 +93,8 @@ class StreamingDecoder:
         if snake_kernel is None:
             snake_kernel = self.device.type == "cuda" and _kernel_ok("snake", self.device, self.dtype)
         if state_kernels is None:
-            state_kernels = self.device.type == "cuda" and _kernel_ok("conv_state", self.device, self.dtype)
+            state_kernels = self.device.type == "cuda" and all(
+                _kernel_ok(name, self.device, self.dtype) for name in ("conv_state", "ring_attention", "residual", "snake"))
         self.snake_kernel = snake_kernel
         self.state_kernels = state_kernels
         self._state: list[Tensor] = []  # every per-slot tensor, for reset and accounting
@@ -175,6 +179,17 @@ class StreamingDecoder:
     def _transformer(self, x: Tensor, slots: Tensor) -> Tensor:
         # x: [B, C, n] -> [B, C, n]
         n, W = x.shape[-1], self._post.window
+        if self.state_kernels:  # one launch a layer: attention over the ring, and its update
+            from kernels.ring_attention import ring_attention
+
+            start = self.pos[slots]
+            positions = start[:, None] + torch.arange(n, device=self.device)
+
+            def attend_over_ring(i: int) -> Attend:
+                k_cache, v_cache = self._kv[i]
+                return lambda q, k, v: ring_attention(q, k, v, k_cache, v_cache, slots, start)
+
+            return self._post.run(x.mT, positions, attend_over_ring).mT
         start = self.pos[slots][:, None]  # [B, 1]
         positions = start + torch.arange(n, device=self.device)  # [B, n]
         # ring row r holds frame start - W + ((r - start) mod W); < 0 means "none yet"
@@ -221,6 +236,8 @@ class StreamingDecoder:
 
             return sequence
         if isinstance(module, ResidualUnit):
+            if self.state_kernels:
+                return self._residual_step(module)
             inner = self._compile(module.block)
             return lambda x, slots: x + inner(x, slots)
         if isinstance(module, DecoderBlock):
@@ -245,9 +262,33 @@ class StreamingDecoder:
             raise TypeError("only the post_module transformer is streamed")
         raise TypeError(f"no streaming rule for {type(module).__name__}")
 
-    def _conv_step(self, layer: CausalConv1d, snake: Snake1d | None = None) -> Step:
-        """The conv's step; `snake`: the Snake1d before it, applied on the way in (only
-        with the state kernels)."""
+    def _residual_step(self, unit: ResidualUnit) -> Step:
+        """Snake -> k7 conv -> Snake -> k1 conv, added to the input, in five launches: the
+        first Snake and the k7 conv's history in one pass (conv_input), both convs without
+        their bias, the k7 bias added in the second Snake's pass, the k1 bias in the
+        residual add's."""
+        from kernels.residual import add_residual
+        from kernels.snake import snake
+
+        snake_in, conv7, snake_mid, conv1 = unit.block
+        if not (isinstance(snake_in, Snake1d) and isinstance(conv7, CausalConv1d) and isinstance(snake_mid, Snake1d)
+                and isinstance(conv1, CausalConv1d) and conv1.receptive == 1 and conv7.conv.bias is not None
+                and conv1.conv.bias is not None):
+            raise TypeError("a residual unit is Snake, causal conv, Snake, k1 conv (both with bias)")
+        first = self._conv_step(conv7, snake=snake_in, bias=False)
+        alpha, bias7 = snake_mid.alpha.view(-1), conv7.conv.bias
+        weight1, bias1 = conv1.conv.weight, conv1.conv.bias
+
+        def step(x: Tensor, slots: Tensor) -> Tensor:
+            h = snake(first(x, slots), alpha, bias7)
+            return add_residual(x, F.conv1d(h, weight1), bias1)
+
+        return step
+
+    def _conv_step(self, layer: CausalConv1d, snake: Snake1d | None = None, bias: bool = True) -> Step:
+        """The conv's step; `snake`: the Snake1d before it, applied on the way in; `bias`
+        False: the conv's bias is left for the next pass to add (both only with the state
+        kernels)."""
         if layer.stride != 1:
             raise TypeError("strided convs are not on the decode path")
         conv, ctx = layer.conv, layer.receptive - 1
@@ -258,7 +299,13 @@ class StreamingDecoder:
             from kernels.conv_state import conv_input
 
             alpha = None if snake is None else snake.alpha.view(-1)
-            return lambda x, slots: conv(conv_input(x, history, slots, alpha))
+            b = conv.bias if bias else None
+
+            def fused(x: Tensor, slots: Tensor) -> Tensor:
+                full = conv_input(x, history, slots, alpha)
+                return F.conv1d(full, conv.weight, b, dilation=conv.dilation, groups=conv.groups)
+
+            return fused
 
         def step(x: Tensor, slots: Tensor) -> Tensor:
             # x: [B, C_in, n] -> [B, C_out, n]
