@@ -127,9 +127,9 @@ codecstate)
     # its baseline is `GPU_TESTS=0 SERVER_ARGS=--server-arg=--codec-kernels=snake bash
     # scripts/gpu_check.sh shares` in the next call (~8 min)
     work=/tmp/codecstate; rm -rf "$work"; mkdir -p "$work"
-    timeout 200 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py tests/test_gpu.py 2>&1 \
+    timeout 200 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py tests/test_kernel_residual.py tests/test_gpu.py 2>&1 \
         | tail -15 | tee "$out/gpu_tests.log"
-    timeout 150 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 \
+    timeout 150 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 --ops 30 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
     timeout 240 python3 -m latency_bench "${bench[@]}" --concurrency ${CONCURRENCY:-1,16,64} --server-arg=--max-len=1536 \
         --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/shares.log"
