@@ -11,20 +11,21 @@ batch 64 x 1 frame): Snake, cat, gather and scatter were ~3 of a call's 6.8 ms.
 
 `conv_input`: one launch builds the conv's input and updates the history:
 
-    x        [B, C, n]          the new inputs (unit stride along n)
+    x        [B, C, n]          the new inputs (any strides)
     history  [S, C, ctx]        contiguous; row slots[b] is stream b's
     slots    long [B]           distinct
     alpha    [C] or None        Snake1d's alpha: x goes through the Snake on the way in
-    -> full  [B, C, ctx + n]    history[slots] then snake(x); afterwards
+    -> full  [B, C, ctx + n]    in x's layout (kernels/layout.py): history[slots] then
+                                snake(x); afterwards
                                 history[slots] == full[..., n:] (the last ctx columns)
 
 `transposed_output`: a causal transposed conv's output overlaps the next call's by
 `overlap` samples; the overlap is kept per slot (bias-free) and added in:
 
-    y        [B, C, emit + overlap]   conv_transpose1d(x, weight, no bias)
+    y        [B, C, emit + overlap]   conv_transpose1d(x, weight, no bias), any strides
     tail     [S, C, overlap]          contiguous
     bias     [C] or None
-    -> out   [B, C, emit]       y[..., :emit] + bias, plus tail[slots] on its first
+    -> out   [B, C, emit]       in y's layout: y[..., :emit] + bias, plus tail[slots] on its first
                                 `overlap` columns; afterwards tail[slots] == y[..., emit:]
                                 (plus the old tail where it reaches past emit)
 
@@ -43,7 +44,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.selfcheck import mismatch
-from kernels.snake import snake_reference, tile
+from kernels.layout import empty_as, tile
+from kernels.snake import snake_reference
 
 @triton.jit
 def _snake(x, alpha):
@@ -53,7 +55,7 @@ def _snake(x, alpha):
 
 @triton.jit
 def _conv_input_kernel(
-    x_ptr, h_ptr, slots_ptr, a_ptr, out_ptr, stride_xb, stride_xc, rows, channels, n,
+    x_ptr, h_ptr, slots_ptr, a_ptr, out_ptr, sx_b, sx_c, sx_t, so_b, so_c, so_t, rows, channels, n,
     CTX: tl.constexpr, CTX_BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, SNAKE: tl.constexpr,
 ):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows b * C + c
@@ -61,41 +63,41 @@ def _conv_input_kernel(
     real = r < rows
     b = r // channels
     c = r % channels
-    x_row = (b * stride_xb + c * stride_xc)[:, None]  # [ROWS, 1]
-    out_row = (r * (CTX + n))[:, None]
+    x_row = (b * sx_b + c * sx_c)[:, None]  # [ROWS, 1]
+    out_row = (b * so_b + c * so_c)[:, None]
     alpha = tl.zeros((ROWS, 1), tl.float32)
     if SNAKE:
         alpha = tl.load(a_ptr + c, mask=real, other=1.0).to(tl.float32)[:, None]
     # the body: out[ctx + t] = snake(x[t])
     t = (col * BLOCK + tl.arange(0, BLOCK))[None, :]
     keep = real[:, None] & (t < n)
-    v = tl.load(x_ptr + x_row + t, mask=keep, other=0.0).to(tl.float32)
+    v = tl.load(x_ptr + x_row + t * sx_t, mask=keep, other=0.0).to(tl.float32)
     if SNAKE:
         v = _snake(v, alpha)
-    tl.store(out_ptr + out_row + CTX + t, v.to(out_ptr.dtype.element_ty), mask=keep)
+    tl.store(out_ptr + out_row + (CTX + t) * so_t, v.to(out_ptr.dtype.element_ty), mask=keep)
     # the state, by each row's first program only (the mask): the old history goes in
     # front, the last ctx columns of the whole input become the new history
     slot = tl.load(slots_ptr + b, mask=real, other=0)
     h_row = ((slot * channels + c) * CTX)[:, None]
     j = tl.arange(0, CTX_BLOCK)[None, :]
-    mine = real[:, None] & (j < CTX) & (j * 0 + col == 0)
+    mine = real[:, None] & (j < CTX) & (j * 0 + col == 0)  # (a vector compare: the interpreter wants a block mask)
     old = tl.load(h_ptr + h_row + j, mask=mine, other=0.0)
     src = n + j  # column of the whole input that becomes history column j
     from_old = src < CTX
     kept_old = tl.load(h_ptr + h_row + src, mask=mine & from_old, other=0.0).to(tl.float32)
-    kept_new = tl.load(x_ptr + x_row + src - CTX, mask=mine & (src >= CTX), other=0.0).to(tl.float32)
+    kept_new = tl.load(x_ptr + x_row + (src - CTX) * sx_t, mask=mine & (src >= CTX), other=0.0).to(tl.float32)
     if SNAKE:
         kept_new = _snake(kept_new, alpha)
     # rounded to the output dtype as the body is, so history == full[..., n:] exactly
     new = tl.where(from_old, kept_old, kept_new.to(out_ptr.dtype.element_ty).to(tl.float32))
     tl.debug_barrier()  # every read of the old history before any write of the new
-    tl.store(out_ptr + out_row + j, old.to(out_ptr.dtype.element_ty), mask=mine)
+    tl.store(out_ptr + out_row + j * so_t, old.to(out_ptr.dtype.element_ty), mask=mine)
     tl.store(h_ptr + h_row + j, new.to(h_ptr.dtype.element_ty), mask=mine)
 
 
 @triton.jit
 def _transposed_output_kernel(
-    y_ptr, tail_ptr, slots_ptr, bias_ptr, out_ptr, stride_yb, stride_yc, rows, channels, emit,
+    y_ptr, tail_ptr, slots_ptr, bias_ptr, out_ptr, sy_b, sy_c, sy_t, so_b, so_c, so_t, rows, channels, emit,
     OVERLAP: tl.constexpr, OVERLAP_BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr,
 ):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -103,7 +105,7 @@ def _transposed_output_kernel(
     real = r < rows
     b = r // channels
     c = r % channels
-    y_row = (b * stride_yb + c * stride_yc)[:, None]
+    y_row = (b * sy_b + c * sy_c)[:, None]
     slot = tl.load(slots_ptr + b, mask=real, other=0)
     t_row = ((slot * channels + c) * OVERLAP)[:, None]
     bias = tl.zeros((ROWS, 1), tl.float32)
@@ -111,17 +113,17 @@ def _transposed_output_kernel(
         bias = tl.load(bias_ptr + c, mask=real, other=0.0).to(tl.float32)[:, None]
     t = (col * BLOCK + tl.arange(0, BLOCK))[None, :]
     keep = real[:, None] & (t < emit)
-    v = tl.load(y_ptr + y_row + t, mask=keep, other=0.0).to(tl.float32)
+    v = tl.load(y_ptr + y_row + t * sy_t, mask=keep, other=0.0).to(tl.float32)
     # the old tail adds onto the first `overlap` columns: only the first column block
     # reaches them (the launcher makes BLOCK >= overlap)
     v += tl.load(tail_ptr + t_row + t, mask=keep & (t < OVERLAP), other=0.0).to(tl.float32)
     # the new tail: y[emit + j], plus the old tail where it reaches past emit
     j = tl.arange(0, OVERLAP_BLOCK)[None, :]
     mine = real[:, None] & (j < OVERLAP) & (j * 0 + col == 0)
-    new = tl.load(y_ptr + y_row + emit + j, mask=mine, other=0.0).to(tl.float32)
+    new = tl.load(y_ptr + y_row + (emit + j) * sy_t, mask=mine, other=0.0).to(tl.float32)
     new += tl.load(tail_ptr + t_row + emit + j, mask=mine & (emit + j < OVERLAP), other=0.0).to(tl.float32)
     tl.debug_barrier()  # every read of the old tail before any write of the new
-    tl.store(out_ptr + (r * emit)[:, None] + t, (v + bias).to(out_ptr.dtype.element_ty), mask=keep)
+    tl.store(out_ptr + (b * so_b + c * so_c)[:, None] + t * so_t, (v + bias).to(out_ptr.dtype.element_ty), mask=keep)
     tl.store(tail_ptr + t_row + j, new.to(tail_ptr.dtype.element_ty), mask=mine)
 
 
@@ -143,18 +145,16 @@ def conv_input(x: Tensor, history: Tensor, slots: Tensor, alpha: Tensor | None =
     """See the module docstring."""
     _check_state(x, history, slots, "conv_input")
     _check_channel_vector(alpha, x, "alpha")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     b, c, n = x.shape
     ctx = history.shape[2]
-    if ctx < 1:
-        raise ValueError("conv_input needs a history (ctx >= 1)")
-    out = torch.empty(b, c, ctx + n, device=x.device, dtype=x.dtype)
+    if not 1 <= ctx <= 1024:
+        raise ValueError(f"conv_input needs a history of 1..1024 samples, got {ctx}")
+    out = empty_as(x, (b, c, ctx + n))
     if b * c and n:
-        # columns blocks at least ctx wide: each program's history tile is ROWS x ctx too
-        rows, block = tile(max(n, ctx))
+        # column blocks at least ctx wide: each program's history tile is ROWS x ctx too
+        rows, block = tile(x, n, at_least=ctx)
         _conv_input_kernel[(triton.cdiv(b * c, rows), triton.cdiv(n, block))](
-            x, history, slots, alpha if alpha is not None else x, out, x.stride(0), x.stride(1), b * c, c, n,
+            x, history, slots, alpha if alpha is not None else x, out, *x.stride(), *out.stride(), b * c, c, n,
             CTX=ctx, CTX_BLOCK=triton.next_power_of_2(ctx), ROWS=rows, BLOCK=block, SNAKE=alpha is not None,
             num_warps=4,
         )
@@ -169,15 +169,13 @@ def transposed_output(y: Tensor, tail: Tensor, slots: Tensor, bias: Tensor | Non
     if not 1 <= overlap <= 1024 or y.shape[2] != emit + overlap or emit < 1:
         raise ValueError(f"transposed_output: y must be [B, C, emit + overlap] with 1 <= overlap <= 1024, "
                          f"got {list(y.shape)}, emit {emit}, overlap {overlap}")
-    if y.stride(-1) != 1:
-        y = y.contiguous()
     b, c, _ = y.shape
-    out = torch.empty(b, c, emit, device=y.device, dtype=y.dtype)
+    out = empty_as(y, (b, c, emit))
     if b * c:
         # column blocks at least `overlap` wide: the old tail is added by the first one
-        rows, block = tile(max(emit, overlap))
+        rows, block = tile(y, emit, at_least=overlap)
         _transposed_output_kernel[(triton.cdiv(b * c, rows), triton.cdiv(emit, block))](
-            y, tail, slots, bias if bias is not None else y, out, y.stride(0), y.stride(1), b * c, c, emit,
+            y, tail, slots, bias if bias is not None else y, out, *y.stride(), *out.stride(), b * c, c, emit,
             OVERLAP=overlap, OVERLAP_BLOCK=triton.next_power_of_2(overlap), ROWS=rows, BLOCK=block,
             BIAS=bias is not None, num_warps=4,
         )

@@ -1,9 +1,9 @@
 """A residual connection with the bias of the conv before it, in one pass:
 
-    x      [B, C, T]   the residual input (unit stride along T)
-    y      [B, C, T]   the conv's output without its bias (unit stride along T)
+    x      [B, C, T]   the residual input (any strides)
+    y      [B, C, T]   the conv's output without its bias (any strides)
     bias   [C]
-    -> out [B, C, T]   contiguous: x + y + bias, in fp32, rounded once
+    -> out [B, C, T]   x + y + bias, in fp32, rounded once; in x's layout (kernels/layout.py)
 
 The codec decoder's residual units end in a k1 conv added to their input: in PyTorch that
 is cuDNN's bias pass then the add, three reads and two writes of the activation; here two
@@ -19,22 +19,23 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.selfcheck import mismatch
-from kernels.snake import tile
+from kernels.layout import empty_as, tile
 
 
 @triton.jit
-def _residual_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, sx_b, sx_c, sy_b, sy_c, rows, channels, length,
-                     ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _residual_kernel(x_ptr, y_ptr, bias_ptr, out_ptr, sx_b, sx_c, sx_t, sy_b, sy_c, sy_t, so_b, so_c, so_t,
+                     rows, channels, length, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows b * C + c
     t = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]
     real = r < rows
     mask = real[:, None] & (t < length)
     b = r // channels
     c = r % channels
-    x = tl.load(x_ptr + (b * sx_b + c * sx_c)[:, None] + t, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + (b * sy_b + c * sy_c)[:, None] + t, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + (b * sx_b + c * sx_c)[:, None] + t * sx_t, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + (b * sy_b + c * sy_c)[:, None] + t * sy_t, mask=mask, other=0.0).to(tl.float32)
     bias = tl.load(bias_ptr + c, mask=real, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + (r * length)[:, None] + t, (x + y + bias).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + (b * so_b + c * so_c)[:, None] + t * so_t, (x + y + bias).to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
 def _check(x: Tensor, y: Tensor, bias: Tensor) -> None:
@@ -48,13 +49,12 @@ def _check(x: Tensor, y: Tensor, bias: Tensor) -> None:
 def add_residual(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
     """See the module docstring."""
     _check(x, y, bias)
-    x, y = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, y))
     b, c, t = x.shape
-    out = torch.empty(b, c, t, device=x.device, dtype=x.dtype)
+    out = empty_as(x, (b, c, t))
     if out.numel():
-        rows, block = tile(t)
+        rows, block = tile(x, t)
         _residual_kernel[(triton.cdiv(b * c, rows), triton.cdiv(t, block))](
-            x, y, bias, out, x.stride(0), x.stride(1), y.stride(0), y.stride(1), b * c, c, t,
+            x, y, bias, out, *x.stride(), *y.stride(), *out.stride(), b * c, c, t,
             ROWS=rows, BLOCK=block, num_warps=4,
         )
     return out

@@ -1,9 +1,9 @@
 """The codec's Snake activation, x + sin^2(alpha x) / alpha per channel, in one pass.
 
-    x      [B, C, T]   (unit stride along T)
+    x      [B, C, T]   any strides
     alpha  [C]         per-channel frequency (Snake1d.alpha, flattened)
     bias   [C] or None the bias of the conv that made x, added first: snake(x + bias)
-    -> out [B, C, T]   contiguous
+    -> out [B, C, T]   in x's layout (kernels/layout.py), contiguous or time-major
 
 (A conv's bias is a pass of its own after cuDNN's conv, a slow broadcast add: measured on
 an H200, s2-pro codec, batch 64 x 1 frame, 39 of them took 0.6 of a call's 5.1 ms. The
@@ -25,23 +25,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.layout import empty_as, tile
 from kernels.selfcheck import mismatch
 
-TILE = 2048  # elements per program: ROWS rows x BLOCK columns
-
-
-def tile(n: int) -> tuple[int, int]:
-    """(ROWS, BLOCK) for rows of n columns: a column block up to 1024 wide and as many rows
-    as fill the tile (also kernels/conv_state.py's). The decoder's rows run from 4 columns
-    (its input, one frame) to thousands (its last stage): with one row per program and
-    1,024 columns, the short rows left most of every program masked off (measured on an
-    H200, s2-pro codec, batch 64 x 1 frame: 16 Snakes, ~120 M elements, 0.72 ms, 0.66 TB/s)."""
-    block = min(1024, max(4, triton.next_power_of_2(n)))
-    return TILE // block, block
-
-
 @triton.jit
-def _snake_kernel(x_ptr, a_ptr, bias_ptr, out_ptr, stride_xb, stride_xc, rows, channels, length,
+def _snake_kernel(x_ptr, a_ptr, bias_ptr, out_ptr, sx_b, sx_c, sx_t, so_b, so_c, so_t, rows, channels, length,
                   ROWS: tl.constexpr, BLOCK: tl.constexpr, BIAS: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # rows b * C + c
     t = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]
@@ -49,13 +37,14 @@ def _snake_kernel(x_ptr, a_ptr, bias_ptr, out_ptr, stride_xb, stride_xc, rows, c
     mask = real[:, None] & (t < length)
     b = r // channels
     c = r % channels
-    x = tl.load(x_ptr + (b * stride_xb + c * stride_xc)[:, None] + t, mask=mask, other=0.0)
+    x = tl.load(x_ptr + (b * sx_b + c * sx_c)[:, None] + t * sx_t, mask=mask, other=0.0)
     alpha = tl.load(a_ptr + c, mask=real, other=1.0).to(tl.float32)[:, None]
     xf = x.to(tl.float32)
     if BIAS:
         xf += tl.load(bias_ptr + c, mask=real, other=0.0).to(tl.float32)[:, None]
     s = tl.sin(alpha * xf)
-    tl.store(out_ptr + (r * length)[:, None] + t, (xf + s * s / (alpha + 1e-9)).to(x.dtype), mask=mask)
+    tl.store(out_ptr + (b * so_b + c * so_c)[:, None] + t * so_t, (xf + s * s / (alpha + 1e-9)).to(x.dtype),
+             mask=mask)
 
 
 def _check(x: Tensor, alpha: Tensor, bias: Tensor | None = None) -> None:
@@ -69,14 +58,12 @@ def _check(x: Tensor, alpha: Tensor, bias: Tensor | None = None) -> None:
 def snake(x: Tensor, alpha: Tensor, bias: Tensor | None = None) -> Tensor:
     """See the module docstring."""
     _check(x, alpha, bias)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     b, c, t = x.shape
-    out = torch.empty(b, c, t, device=x.device, dtype=x.dtype)
+    out = empty_as(x, (b, c, t))
     if out.numel():
-        rows, block = tile(t)
+        rows, block = tile(x, t)
         _snake_kernel[(triton.cdiv(b * c, rows), triton.cdiv(t, block))](
-            x, alpha, bias if bias is not None else alpha, out, x.stride(0), x.stride(1), b * c, c, t,
+            x, alpha, bias if bias is not None else alpha, out, *x.stride(), *out.stride(), b * c, c, t,
             ROWS=rows, BLOCK=block, BIAS=bias is not None, num_warps=4,
         )
     return out

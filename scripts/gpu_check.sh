@@ -21,7 +21,7 @@
 #   bash scripts/gpu_check.sh reference  # GPU tests, load sweep c=1,16,32,64 + naive baseline, files flat in $OUT (~8 min)
 #   bash scripts/gpu_check.sh codec64    # codec worker call times (graphs) + one c=64 load level with turn timing (~2.5 min)
 #   bash scripts/gpu_check.sh shares     # GPU tests, load c=1,16,64 with where the service's time goes per level (~4 min)
-#   bash scripts/gpu_check.sh codecstate # conv-state kernel tests, codec call times in 3 variants, load c=1,16,64 (~8 min)
+#   bash scripts/gpu_check.sh codecstate # codec kernel tests, codec call times in 3 variants, load c=1,16,64 with and without them (~7 min)
 #   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
 #   bash scripts/gpu_check.sh codec      # codec worker calls with the Snake kernel vs PyTorch, eager codec profile (~2 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
@@ -121,19 +121,22 @@ shares)
     cp "$work/load/results.json" "$out/load-shares.json"
     ;;
 codecstate)
-    # the codec's conv-state kernels: their compiled tests and the GPU tests, the codec
-    # worker's call times in three variants (PyTorch, Snake kernel, Snake + state
-    # kernels), then the load sweep with where the time goes (all kernels, the default);
-    # its baseline is `GPU_TESTS=0 SERVER_ARGS=--server-arg=--codec-kernels=snake bash
-    # scripts/gpu_check.sh shares` in the next call (~8 min)
+    # the codec's kernels (kernels/conv_state.py, ring_attention.py, residual.py, snake.py,
+    # layout.py): their compiled tests and the GPU tests, the codec worker's call times in
+    # three variants (PyTorch, Snake kernel, all kernels), then the load sweep with every
+    # kernel (the default) and, as its baseline in the same call, with the Snake kernel
+    # only (BASELINE=0 skips it) (~7 min)
     work=/tmp/codecstate; rm -rf "$work"; mkdir -p "$work"
     timeout 200 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py tests/test_kernel_residual.py tests/test_gpu.py 2>&1 \
         | tail -15 | tee "$out/gpu_tests.log"
     timeout 150 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 --ops 30 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
-    timeout 240 python3 -m latency_bench "${bench[@]}" --concurrency ${CONCURRENCY:-1,16,64} --server-arg=--max-len=1536 \
-        --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/shares.log"
-    cp "$work/load/results.json" "$out/load-shares.json"
+    for kernels in all snake; do
+        if [ "$kernels" = snake ] && [ "${BASELINE:-1}" = 0 ]; then continue; fi
+        timeout 200 python3 -m latency_bench "${bench[@]}" --concurrency ${CONCURRENCY:-1,16,64} --server-arg=--max-len=1536 \
+            --server-arg=--codec-kernels=$kernels --out "$work/load-$kernels" 2>&1 | grep -v "active=" | tail -9 | tee -a "$out/shares.log"
+        cp "$work/load-$kernels/results.json" "$out/load-$kernels.json"
+    done
     ;;
 stalls)
     # c=64 only, with the service's stall sampler: GC pauses and thread stacks while the

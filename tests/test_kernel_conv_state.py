@@ -30,19 +30,29 @@ def tol(dtype):
     return 1e-6 if dtype == torch.float32 else 8e-3
 
 
+def time_major(x):
+    """The same values stored as a contiguous [B, T, C] (kernels/layout.py)."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("snake", [False, True])
-@pytest.mark.parametrize("n, ctx", [(1, 6), (3, 54), (40, 18), (1500, 6)])
-def test_conv_input_matches_reference(n, ctx, snake, dtype):
+@pytest.mark.parametrize("n, ctx, layout", [(1, 6, "c"), (3, 54, "c"), (40, 18, "c"), (1500, 6, "c"),
+                                            (2, 6, "t"), (3, 54, "t"), (1500, 6, "t")])
+def test_conv_input_matches_reference(n, ctx, layout, snake, dtype):
+    from kernels.layout import time_major as is_time_major
+
     g = torch.Generator().manual_seed(n * 100 + ctx)
     slots = torch.tensor([3, 0, 2], device=DEVICE)  # out of order; slot 1 is not in the call
     x = (torch.randn(3, 5, n, generator=g) * 3).to(DEVICE, dtype)
+    x = time_major(x) if layout == "t" else x
     alpha = (torch.rand(5, generator=g) * 2 + 0.05).to(DEVICE, dtype) if snake else None
     history = torch.randn(4, 5, ctx, generator=g).to(DEVICE, dtype)
     want_history = history.clone()
     want = conv_input_reference(x, want_history, slots, alpha)
     got = conv_input(x, history, slots, alpha)
-    assert got.shape == (3, 5, ctx + n) and got.dtype == dtype and got.is_contiguous()
+    assert got.shape == (3, 5, ctx + n) and got.dtype == dtype
+    assert is_time_major(got) if layout == "t" else got.is_contiguous()  # the input's layout
     assert rel(got, want) < tol(dtype)
     assert rel(history, want_history) < tol(dtype)
     assert torch.equal(history[slots], got[..., n:])  # the new history is exactly the input's tail
@@ -61,11 +71,13 @@ def test_conv_input_strided_x():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("emit, overlap, bias", [(8, 8, True), (2, 6, True), (2048, 4, False), (1500, 3, True)])
-def test_transposed_output_matches_reference(emit, overlap, bias, dtype):
+@pytest.mark.parametrize("emit, overlap, bias, layout", [(8, 8, True, "c"), (2, 6, True, "c"), (2048, 4, False, "c"),
+                                                         (1500, 3, True, "c"), (2, 6, True, "t"), (1500, 3, True, "t")])
+def test_transposed_output_matches_reference(emit, overlap, bias, layout, dtype):
     g = torch.Generator().manual_seed(emit + overlap)
     slots = torch.tensor([2, 0], device=DEVICE)
     y = torch.randn(2, 6, emit + overlap, generator=g).to(DEVICE, dtype)
+    y = time_major(y) if layout == "t" else y
     b = torch.randn(6, generator=g).to(DEVICE, dtype) if bias else None
     tail = torch.randn(3, 6, overlap, generator=g).to(DEVICE, dtype)
     want_tail = tail.clone()

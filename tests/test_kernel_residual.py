@@ -27,6 +27,17 @@ def test_matches_reference(shape, dtype):
     assert rel(out, x + y + bias[:, None]) < (1e-6 if dtype == torch.float32 else 8e-3)
 
 
+def test_time_major_in_time_major_out():
+    from kernels.layout import time_major
+
+    x, y = (torch.randn(3, 40, 70, device=DEVICE).transpose(1, 2).contiguous().transpose(1, 2) for _ in range(2))
+    bias = torch.randn(40, device=DEVICE)
+    out = add_residual(x, y, bias)
+    assert time_major(out) and rel(out, x + y + bias[:, None]) < 1e-6
+    mixed = add_residual(x, y.contiguous(), bias)  # mixed layouts: x's wins
+    assert time_major(mixed) and rel(mixed, out) < 1e-6
+
+
 def test_strided_inputs():
     big = torch.randn(2, 4, 300, device=DEVICE)
     x, y = big[:, :, :120], big[:, :, 150:270]

@@ -69,6 +69,15 @@ def test_self_check_passes():
     assert self_check(DEVICE, torch.bfloat16) is None
 
 
+def test_time_major_in_time_major_out():
+    from kernels.layout import time_major
+
+    x = torch.randn(2, 96, 300, device=DEVICE).transpose(1, 2).contiguous().transpose(1, 2)
+    alpha = torch.rand(96, device=DEVICE) + 0.1
+    out = snake(x, alpha)
+    assert time_major(out) and rel(out, snake_reference(x, alpha)) < 1e-6
+
+
 def test_bias_is_added_first():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 6, 300, generator=g).to(DEVICE)
