@@ -127,7 +127,7 @@ codecstate)
     # kernel (the default) and, as its baseline in the same call, with the Snake kernel
     # only (BASELINE=0 skips it) (~7 min)
     work=/tmp/codecstate; rm -rf "$work"; mkdir -p "$work"
-    timeout 200 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py tests/test_kernel_residual.py tests/test_gpu.py 2>&1 \
+    timeout 200 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py tests/test_kernel_residual.py tests/test_gpu.py ${GPU_TEST_FILTER:-} 2>&1 \
         | tail -15 | tee "$out/gpu_tests.log"
     timeout 150 python3 -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64 --ops 30 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
