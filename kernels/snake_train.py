@@ -25,7 +25,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.snake import BLOCK, _check, snake
+from kernels.snake import _check, snake
+
+BLOCK = 1024  # samples of one row per program (training rows are long: whole clips)
 
 
 @triton.jit
