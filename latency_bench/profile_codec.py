@@ -50,15 +50,23 @@ def worker_times(codec, batches: list[int], variant: str, repeats: int = 7) -> l
     return out
 
 
-def profile_call(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
+def warm_call(codec, batch: int, frames: int):
+    """A streaming decoder (the service's kernels) and one call of `batch` streams x
+    `frames` frames, run a few times: the callable, ready to profile."""
     dec = StreamingDecoder(codec, batch)
     codes = torch.randint(0, 1000, (batch, codec.num_codebooks, frames), device=dec.device)
     slots = torch.arange(batch, device=dec.device)
     with torch.inference_mode():
         for _ in range(3):
             dec.decode(slots, codes)
-        torch.cuda.synchronize()
-        return gpu_kernels(lambda: dec.decode(slots, codes), steps, "call")
+    torch.cuda.synchronize()
+    return lambda: dec.decode(slots, codes)
+
+
+def profile_call(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
+    call = warm_call(codec, batch, frames)
+    with torch.inference_mode():
+        return gpu_kernels(call, steps, "call")
 
 
 def op_times(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
@@ -68,16 +76,11 @@ def op_times(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
     comes from (a copy from a transpose, a cat of the transformer's cache, ...)."""
     from torch.profiler import ProfilerActivity, profile
 
-    dec = StreamingDecoder(codec, batch)
-    codes = torch.randint(0, 1000, (batch, codec.num_codebooks, frames), device=dec.device)
-    slots = torch.arange(batch, device=dec.device)
+    call = warm_call(codec, batch, frames)
     with torch.inference_mode():
-        for _ in range(3):
-            dec.decode(slots, codes)
-        torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             for _ in range(steps):
-                dec.decode(slots, codes)
+                call()
             torch.cuda.synchronize()
     rows = [{"op": e.key, "shapes": str(e.input_shapes)[:120], "us_per_call": e.self_device_time_total / steps,
              "count_per_call": e.count / steps}
