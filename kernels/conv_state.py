@@ -44,7 +44,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.selfcheck import mismatch
-from kernels.layout import empty_as, tile
+from kernels.layout import as_layout, empty_as, tile
 from kernels.snake import snake_reference
 
 @triton.jit
@@ -206,27 +206,30 @@ def transposed_output_reference(y: Tensor, tail: Tensor, slots: Tensor, bias: Te
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Compile and run both kernels once against their references (state updates
-    included): None if they agree, else why not (the caller keeps the PyTorch path)."""
+    """Compile and run both kernels against their references (state updates included),
+    in both layouts the decoder uses (kernels/layout.py): None if they agree, else why
+    not (the caller keeps the PyTorch path)."""
     try:
         g = torch.Generator().manual_seed(0)
         slots = torch.tensor([2, 0], device=device)
-        for n in (3, 40):  # shorter and longer than the history
+        for n, layout in ((3, "channel-major"), (40, "channel-major"), (3, "time-major"), (40, "time-major")):
+            # (n: shorter and longer than the history)
             x = (torch.randn(2, 24, n, generator=g) * 3).to(device, dtype)
             alpha = (torch.rand(24, generator=g) * 2).to(device, dtype)
             history = torch.randn(3, 24, 18, generator=g).to(device, dtype)
             want_h = history.clone()
+            x = as_layout(x, layout)
             want = conv_input_reference(x, want_h, slots, alpha)
-            why = mismatch("conv_input", conv_input(x, history, slots, alpha), want, dtype) or mismatch(
-                "conv_input's history", history, want_h, dtype)
+            why = mismatch(f"conv_input ({layout})", conv_input(x, history, slots, alpha), want, dtype) or mismatch(
+                f"conv_input's history ({layout})", history, want_h, dtype)
             if why:
                 return why
-            y = torch.randn(2, 24, 4 * n + 4, generator=g).to(device, dtype)
+            y = as_layout(torch.randn(2, 24, 4 * n + 4, generator=g).to(device, dtype), layout)
             bias, tail = torch.randn(24, generator=g).to(device, dtype), torch.randn(3, 24, 4, generator=g).to(device, dtype)
             want_t = tail.clone()
             want = transposed_output_reference(y, want_t, slots, bias, 4 * n)
-            why = mismatch("transposed_output", transposed_output(y, tail, slots, bias, 4 * n), want, dtype) or mismatch(
-                "transposed_output's tail", tail, want_t, dtype)
+            why = mismatch(f"transposed_output ({layout})", transposed_output(y, tail, slots, bias, 4 * n), want,
+                           dtype) or mismatch(f"transposed_output's tail ({layout})", tail, want_t, dtype)
             if why:
                 return why
         return None

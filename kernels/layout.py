@@ -33,6 +33,15 @@ def as_time_major(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def as_layout(x: Tensor, layout: str) -> Tensor:
+    """x's values in "channel-major" or "time-major" storage (the kernels' self-checks)."""
+    if layout == "channel-major":
+        return x.contiguous()
+    if layout == "time-major":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    raise ValueError(f"unknown layout {layout!r}")
+
+
 def empty_as(x: Tensor, shape: tuple[int, int, int]) -> Tensor:
     """An uninitialized [B, C, T] of x's dtype and device, in x's layout."""
     b, c, t = shape

@@ -67,11 +67,18 @@ def residual_reference(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Compile and run once against the reference: None if they agree, else why not."""
+    """Compile and run against the reference in both layouts the decoder uses
+    (kernels/layout.py): None if they agree, else why not."""
+    from kernels.layout import as_layout
+
     try:
         g = torch.Generator().manual_seed(0)
-        x, y = (torch.randn(2, 24, 1500, generator=g).to(device, dtype) for _ in range(2))
         bias = torch.randn(24, generator=g).to(device, dtype)
-        return mismatch("add_residual", add_residual(x, y, bias), residual_reference(x, y, bias), dtype)
+        for layout in ("channel-major", "time-major"):
+            x, y = (as_layout(torch.randn(2, 24, 1500, generator=g).to(device, dtype), layout) for _ in range(2))
+            why = mismatch(f"add_residual ({layout})", add_residual(x, y, bias), residual_reference(x, y, bias), dtype)
+            if why:
+                return why
+        return None
     except Exception as e:  # a compile failure included
         return f"residual: {type(e).__name__}: {e}"

@@ -78,13 +78,21 @@ def snake_reference(x: Tensor, alpha: Tensor, bias: Tensor | None = None) -> Ten
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Compile and run once against the reference: None if they agree, else why not (the
-    caller keeps the PyTorch path)."""
+    """Compile and run against the reference, with and without a bias, in both layouts the
+    decoder uses (kernels/layout.py): None if they agree, else why not (the caller keeps
+    the PyTorch path)."""
+    from kernels.layout import as_layout
+
     try:
         g = torch.Generator().manual_seed(0)
-        x = (torch.randn(2, 24, 1500, generator=g) * 3).to(device, dtype)
         alpha = (torch.rand(24, generator=g) * 2).to(device, dtype)
-        got, want = snake(x, alpha), snake_reference(x, alpha)
-        return mismatch("snake", got, want, dtype)
+        bias = torch.randn(24, generator=g).to(device, dtype)
+        for layout in ("channel-major", "time-major"):
+            x = as_layout((torch.randn(2, 24, 1500, generator=g) * 3).to(device, dtype), layout)
+            why = mismatch(f"snake ({layout})", snake(x, alpha), snake_reference(x, alpha), dtype) or mismatch(
+                f"snake with a bias ({layout})", snake(x, alpha, bias), snake_reference(x, alpha, bias), dtype)
+            if why:
+                return why
+        return None
     except Exception as e:  # a compile failure included
         return f"snake: {type(e).__name__}: {e}"
