@@ -80,10 +80,12 @@ class StreamingDecoder:
         """`snake_kernel`: Snake as one Triton pass (kernels/snake.py); `state_kernels`: each
         conv's per-slot state read and written in the pass that builds its input or
         finishes its output, a Snake before a causal conv folded in (kernels/conv_state.py),
-        the transformer's attention over its rings (kernels/ring_attention.py), and the
+        the transformer's attention over its rings (kernels/ring_attention.py), the
         residual units' conv biases added in the passes after their convs (kernels/snake.py,
-        kernels/residual.py).
-        None: on a GPU, once the kernel has matched its reference there."""
+        kernels/residual.py), and the activations time-major, each conv run on their NHWC
+        view with a channels-last copy of its weight (kernels/layout.py; the copies are
+        the decoder's conv weights once more, 111 MiB for the release-size codec in bf16).
+        None: on a GPU, once every kernel has matched its reference there."""
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         weight = codec.decoder.model[0].conv.weight
