@@ -79,9 +79,9 @@ class EngineConfig:
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0
     # the codec's Triton kernels, each used on a GPU once it has matched its reference
-    # there: "all" (kernels/snake.py and kernels/conv_state.py), "snake" (the Snake kernel
-    # only), "off" (the codec's PyTorch path): A/B baselines, or a way around a kernel
-    # that misbehaves on some GPU
+    # there: "all" (Snake and the state kernels, engine/codec/streaming.py says which),
+    # "snake" (the Snake kernel only), "off" (the codec's PyTorch path): A/B baselines,
+    # or a way around a kernel that misbehaves on some GPU
     codec_kernels: str = "all"
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same

@@ -18,6 +18,7 @@ from kernels.conv_state import (
     transposed_output,
     transposed_output_reference,
 )
+from kernels.layout import as_layout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -30,11 +31,6 @@ def tol(dtype):
     return 1e-6 if dtype == torch.float32 else 8e-3
 
 
-def time_major(x):
-    """The same values stored as a contiguous [B, T, C] (kernels/layout.py)."""
-    return x.transpose(1, 2).contiguous().transpose(1, 2)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("snake", [False, True])
 @pytest.mark.parametrize("n, ctx, layout", [(1, 6, "c"), (3, 54, "c"), (40, 18, "c"), (1500, 6, "c"),
@@ -45,7 +41,7 @@ def test_conv_input_matches_reference(n, ctx, layout, snake, dtype):
     g = torch.Generator().manual_seed(n * 100 + ctx)
     slots = torch.tensor([3, 0, 2], device=DEVICE)  # out of order; slot 1 is not in the call
     x = (torch.randn(3, 5, n, generator=g) * 3).to(DEVICE, dtype)
-    x = time_major(x) if layout == "t" else x
+    x = as_layout(x, "time-major") if layout == "t" else x
     alpha = (torch.rand(5, generator=g) * 2 + 0.05).to(DEVICE, dtype) if snake else None
     history = torch.randn(4, 5, ctx, generator=g).to(DEVICE, dtype)
     want_history = history.clone()
@@ -77,7 +73,7 @@ def test_transposed_output_matches_reference(emit, overlap, bias, layout, dtype)
     g = torch.Generator().manual_seed(emit + overlap)
     slots = torch.tensor([2, 0], device=DEVICE)
     y = torch.randn(2, 6, emit + overlap, generator=g).to(DEVICE, dtype)
-    y = time_major(y) if layout == "t" else y
+    y = as_layout(y, "time-major") if layout == "t" else y
     b = torch.randn(6, generator=g).to(DEVICE, dtype) if bias else None
     tail = torch.randn(3, 6, overlap, generator=g).to(DEVICE, dtype)
     want_tail = tail.clone()

@@ -92,11 +92,17 @@ class StreamingDecoder:
         self.codec = codec
         self.max_streams = max_streams
         self.device, self.dtype = weight.device, weight.dtype
+        checked: dict[str, bool] = {}  # each kernel's self-check runs once
+
+        def ok(name: str) -> bool:
+            if name not in checked:
+                checked[name] = self.device.type == "cuda" and _kernel_ok(name, self.device, self.dtype)
+            return checked[name]
+
         if snake_kernel is None:
-            snake_kernel = self.device.type == "cuda" and _kernel_ok("snake", self.device, self.dtype)
+            snake_kernel = ok("snake")
         if state_kernels is None:
-            state_kernels = self.device.type == "cuda" and all(
-                _kernel_ok(name, self.device, self.dtype) for name in ("conv_state", "ring_attention", "residual", "snake"))
+            state_kernels = all(ok(name) for name in ("snake", "conv_state", "ring_attention", "residual"))
         self.snake_kernel = snake_kernel
         self.state_kernels = state_kernels
         self._state: list[Tensor] = []  # every per-slot tensor, for reset and accounting
