@@ -82,6 +82,14 @@ def test_engine_with_graphs_batched_equals_alone(bundle):
     check_batched_equals_alone(bundle)  # the engine picks CUDA graphs on a GPU
 
 
+def test_the_prefills_second_frame_graph_is_the_decode_graphs_step(bundle):
+    """The prefill stream's second-frame graph against the decode graph: the same frame,
+    device state and KV (engine/runner.py second_frames)."""
+    from test_engine import check_second_frame_equals_decode_step
+
+    check_second_frame_equals_decode_step(bundle)  # graphs and kernels: the runner's defaults on a GPU
+
+
 def test_fp8_engine_with_graphs_batched_equals_alone():
     """--quant fp8 keeps the batching guarantee: the FP8 GEMMs' rows do not depend on the
     batch up to 16 rows (one K split per shape there: kernels/fp8_configs.py), so four
@@ -126,15 +134,18 @@ def test_codec_graphs_give_the_eager_audio(max_chunk):
     audio as its eager path, stream by stream, with streams of different lengths sharing
     calls (so chunks of max_chunk, ..., 2 and 1 frames and several buckets are used)."""
     codec = load_bundle("tiny", "cuda", torch.float32).codec
-    # the graphs keep the conv kernels cuDNN picked by timing at warm-up, the eager path
-    # its heuristics' picks; with TF32 allowed (PyTorch's default for cuDNN) they differ
-    # by ~1e-3 in fp32, so TF32 is off here and the comparison stays at fp32 precision
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
+    # the graphs keep the conv kernels cuDNN picked by timing at warm-up; the eager calls
+    # use the same ones here (cudnn.benchmark on for the whole test: cuDNN keeps each
+    # shape's pick), so the two paths run the same arithmetic: with the eager path on
+    # cuDNN's heuristics, this test failed on an H200 once the codec kernels' path ran its
+    # convs time-major (NHWC), and passed with the same picks. TF32 is off: with it
+    # allowed (PyTorch's default for cuDNN) picks differ by ~1e-3.
+    tf32, benchmark = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = False, True
     try:
         _codec_graphs_give_the_eager_audio(codec, max_chunk)
     finally:
-        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = tf32, benchmark
 
 
 def _codec_graphs_give_the_eager_audio(codec, max_chunk: int) -> None:
