@@ -75,6 +75,12 @@ class EngineConfig:
     # frames a turn's first audio waits for (1, or a chunk size up to codec_max_chunk): 2
     # gives a real-time player two frames of audio to play while the third is made
     codec_first_frames: int = 1
+    # the prefill thread also makes each segment's second frame (one small frame step of
+    # the prefill's streams, engine/runner.py second_frames) instead of leaving it to
+    # the decode batch, where it came 2-3 steps later: a turn's first audio (one frame,
+    # 46 ms at 21.5 frames/s) then has its second behind it before it has played out.
+    # Off in the naive baseline.
+    prefill_second_frame: bool = True
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0
@@ -324,7 +330,7 @@ class Engine:
             phases.to("idle")
             with self._lock:
                 works = []
-                while not self._stopping and not (works := self.sched.next_prefills(limit)):
+                while not self._stopping and not (works := self.sched.next_prefills(limit, self._voice_cached)):
                     self._lock.wait(0.5)
                 if self._stopping:
                     return
@@ -334,6 +340,11 @@ class Engine:
             else:
                 phases.to("segments")
                 self._prefill_segments(works)
+
+    def _voice_cached(self, stream: Stream) -> bool:
+        """The stream's voice prefix is in the voice cache: ready is one device copy away
+        (the scheduler takes such voices before segments)."""
+        return stream.owner.voice.key in self.voice_cache
 
     def _guarded(self, work: PrefillWork, fn) -> bool:
         """Run one stream's prefill step; a failure ends that stream's work with an error
@@ -433,12 +444,39 @@ class Engine:
             if t is not None:
                 t.append(time.perf_counter())
         self.prefills += len(items)
-        emitted = []
+        emitted, joined = [], []
+        second = self.config.prefill_second_frame and not self.config.naive
         with self._lock:
             for (work, tokens, _), frame in zip(items, frames):
-                if self.sched.segment_done(work.stream, work, tokens.shape[1]):
+                if self.sched.segment_done(work.stream, work, tokens.shape[1], second_frame=second):
                     is_end = int(frame[0]) == self.im_end_id
                     outcome = self.sched.frame(work.stream, work.segment.id, frame, is_end)
+                    emitted.append((work.stream, work.segment.turn, frame, outcome))
+                    if second:
+                        joined.append((work, work.start + tokens.shape[1]))
+            self._lock.notify_all()
+        self._emit(emitted)  # the first frames go to the codec before the second ones are made
+        if joined:
+            self._second_frames(joined)
+
+    def _second_frames(self, joined: list[tuple[PrefillWork, int]]) -> None:
+        """Each joined segment's second frame (work, its end position), made here on the
+        prefill thread; the decode thread takes the streams over from the third frame."""
+        streams = [work.stream for work, _ in joined]
+        try:
+            frames = self.runner.second_frames([s.slot for s in streams], [end for _, end in joined])
+        except Exception as e:  # as a failed decode step: these streams lose their turns in progress
+            with self._lock:
+                for stream in streams:
+                    self.sched.second_frame_done(stream)
+            self._fail_decoding(streams, e)
+            return
+        emitted = []
+        with self._lock:
+            for (work, _), frame in zip(joined, frames):
+                outcome = self.sched.frame(work.stream, work.segment.id, frame, int(frame[0]) == self.im_end_id)
+                self.sched.second_frame_done(work.stream)
+                if outcome.emit or outcome.segment_done:
                     emitted.append((work.stream, work.segment.turn, frame, outcome))
             self._lock.notify_all()
         self._emit(emitted)

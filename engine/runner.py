@@ -103,6 +103,16 @@ class _FirstFrameGraph:
 
 
 @dataclass(slots=True)
+class _SecondFrameGraph:
+    """One frame step of B just-prefilled segments on the prefill stream (their second
+    frame), in the prefill's own buffers: the decode graphs' belong to the decode thread."""
+
+    graph: object
+    slots: Tensor  # static input: long [B] (the scratch row for padding rows)
+    out: Tensor  # static output: long [B, 1 + C]
+
+
+@dataclass(slots=True)
 class PrefixKV:
     """A voice prefix's KV, kept to copy into a new stream's slot."""
 
@@ -192,13 +202,14 @@ class Runner:
         self.prefill_batches = [b for b in PREFILL_BATCHES if b < wanted] + [next(b for b in PREFILL_BATCHES if b >= wanted)]
         self.chunk_graphs: dict[tuple[int, int], _ChunkGraph] = {}
         self.first_graphs: dict[int, _FirstFrameGraph] = {}
+        self.second_graphs: dict[int, _SecondFrameGraph] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if self.cuda_graphs:
             self._capture_graphs()
         if self.chunked_prefill:
             self._allocate_prefill_chunks()
-            if self.cuda_graphs:
-                self._capture_prefill_graphs()
+        if self.cuda_graphs:
+            self._capture_prefill_graphs()
 
     def _fused_qkv_ok(self) -> bool:
         """On a GPU, frame steps norm, rotate and cache q/k/v in one Triton launch per
@@ -311,6 +322,40 @@ class Runner:
                 self.params.set_row(slot, params)
             frames = self._first_frames(torch.tensor(slots, device=dev), torch.tensor(ends, device=dev), head, fast_in)
             host = frames.to("cpu", copy=True)  # waits for this prefill only; a copy, also on a CPU
+        return list(host.numpy())
+
+    @torch.inference_mode()
+    def second_frames(self, slots: list[int], ends: list[int]) -> list[np.ndarray]:
+        """One frame step of just-prefilled segments (slots, each segment's end position),
+        on the prefill stream, from the state their first frame left: the frame the
+        decode thread's first step would give them, without waiting to join its batch.
+        Returns each one's second frame [1 + C] on the host (waiting for this step only).
+
+        Why: a segment joining the decode batch gets its next frame 2-3 steps after its
+        prefill (the step being launched when it lands, the one queued behind it: the
+        loop launches step t + 1 before reading step t). Measured on an H200 at 64
+        connections (13.7 ms steps) a turn's first frame, 46 ms of audio, ran out before
+        the second came in 53 of 192 turns. Here the second comes one small step after
+        the first.
+
+        A row whose segment ends at the KV's end (`end >= max_len`: room for its first
+        frame only) runs in the scratch row; its frame is garbage, and the caller drops
+        it (the segment's budget was one frame). The caller keeps the decode thread off
+        these slots until this returns."""
+        n = len(slots)
+        if not 1 <= n <= MAX_PREFILL_BATCH or len(ends) != n:
+            raise ValueError(f"1 to {MAX_PREFILL_BATCH} slots with one end each, got {n} and {len(ends)}")
+        rows = [slot if end < self.max_len else self.scratch_row for slot, end in zip(slots, ends)]
+        with self._prefill_lock, self._on_prefill_stream():
+            if not self.cuda_graphs:
+                out = self._frame_step(torch.tensor(rows, device=self.device), self.prefill_fast,
+                                       min(max(ends) + 1, self.max_len))
+                return list(out.to("cpu", copy=True).numpy())
+            g = self.second_graphs[self._prefill_batch_for(n)]
+            staged = self._staged(torch.tensor(rows + [self.scratch_row] * (g.slots.shape[0] - n), dtype=torch.long))
+            g.slots.copy_(staged, non_blocking=True)
+            g.graph.replay()
+            host = g.out[:n].to("cpu", copy=True)
         return list(host.numpy())
 
     def _first_frames(self, idx: Tensor, ends: Tensor, head: Tensor, fast_in: Tensor) -> Tensor:
@@ -433,16 +478,23 @@ class Runner:
 
     def _capture_prefill_graphs(self) -> None:
         """The chunk graphs (largest first: they share one memory pool, sized by the first
-        capture) and the first-frame graphs, all on the prefill stream in a pool of their
-        own (a prefill may run while a decode graph runs). Warm-up and capture touch only
-        the scratch row."""
+        capture), the first-frame graphs and the second-frame steps, all on the prefill
+        stream in a pool of their own (a prefill may run while a decode graph runs).
+        Warm-up and capture touch only the scratch row."""
         pool, stream = torch.cuda.graph_pool_handle(), self.prefill_stream
+        c, dev = self.config, self.device
         with torch.inference_mode():
             for (b, _), g in sorted(self.chunk_graphs.items(), key=lambda kv: -kv[0][0] * kv[0][1]):
                 g.graph, _ = capture(lambda: self._chunk_body(g, self.first_graphs[b]), stream, pool)
             for b in reversed(self.prefill_batches):
-                f = self.first_graphs[b]
-                f.graph, _ = capture(lambda: self._first_body(f), stream, pool)
+                if b in self.first_graphs:
+                    f = self.first_graphs[b]
+                    f.graph, _ = capture(lambda: self._first_body(f), stream, pool)
+                s = _SecondFrameGraph(None, torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
+                                      torch.zeros(b, 1 + c.num_codebooks, dtype=torch.long, device=dev))
+                s.graph, _ = capture(lambda: s.out.copy_(self._frame_step(s.slots, self.prefill_fast, self.max_len)),
+                                     stream, pool)
+                self.second_graphs[b] = s
         torch.cuda.synchronize(self.device)
 
     def _check_room(self, start: int, length: int) -> None:
@@ -495,14 +547,19 @@ class Runner:
         return self.out_host[handle.parity, : handle.batch].numpy().copy()
 
     def _step(self, bucket: int, kv_len: int) -> None:
-        idx = self.batch_slots[:bucket]
+        self.out[:bucket].copy_(self._frame_step(self.batch_slots[:bucket], self.decode_fast, kv_len))
+
+    def _frame_step(self, idx: Tensor, fast: FastCache, kv_len: int) -> Tensor:
+        """One frame for the rows idx ([B]): each row's input frame at its position, the
+        frame sampled, its state moved on (tokens, window, position, noise counter); the
+        decode step's body, and the prefill's second frame (with its own fast cache)."""
         tokens = self.tokens[idx]
         windows = self.windows[idx]
         push_window(windows, tokens[:, 1:])  # the input frame joins the window before sampling
         positions = self.positions[idx]
         frame_index = self.frame_index[idx]
         out = decode_frame(
-            self.model, self.kv, self.decode_fast, tokens, idx, positions, kv_len,
+            self.model, self.kv, fast, tokens, idx, positions, kv_len,
             self.params.gather(idx), windows, frame_index, self.attention_kernel, self.fused_qkv,
         )
         self.tokens.index_copy_(0, idx, out)
@@ -510,7 +567,7 @@ class Runner:
         self.positions.index_copy_(0, idx, positions + 1)
         self.frame_index.index_copy_(0, idx, frame_index + 1)
         self.positions[self.scratch_row :].fill_(0)  # padded rows must not walk off the KV (a kernel, not a host copy)
-        self.out[:bucket].copy_(out)
+        return out
 
     def _capture_graphs(self) -> None:
         """One graph per bucket, largest first (the shared memory pool is sized by it).

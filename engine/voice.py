@@ -73,5 +73,9 @@ class LRUBytes:
         self._items[key] = value
         self.used += size
 
+    def __contains__(self, key: str) -> bool:
+        """Whether `key` is cached (a look only: no hit counted, its place unchanged)."""
+        return key in self._items
+
     def __len__(self) -> int:
         return len(self._items)

@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-first-frames", type=int, default=1, choices=CHUNK_CHOICES,
                    help="frames a turn's first audio waits for (2: one more decode step before the first audio, "
                         "two frames of audio for the player to start on); at most --codec-max-chunk")
+    p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
+                   help="leave each segment's second frame to the decode batch (2-3 steps after its prefill) "
+                        "instead of one small step on the prefill thread: an A/B baseline")
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")
@@ -106,7 +109,8 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
-            codec_first_frames=a.codec_first_frames, codec_release_interval_s=a.codec_release_interval,
+            codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame,
+            codec_release_interval_s=a.codec_release_interval,
             codec_kernels=a.codec_kernels,
             cpu_threads=a.cpu_threads or None,
         ),

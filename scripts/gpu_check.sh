@@ -24,6 +24,8 @@
 #   bash scripts/gpu_check.sh codecstate # codec kernel tests, codec call times in 3 variants, load c=1,16,64 with and without them (~7 min)
 #   bash scripts/gpu_check.sh stalls     # c=64 load with the stall sampler (what blocks the event loop)
 #   bash scripts/gpu_check.sh codec      # codec worker calls with the Snake kernel vs PyTorch, eager codec profile (~2 min)
+#   bash scripts/gpu_check.sh convhist   # codec kernel tests, codec calls and c=64 load (first frames 1 and 2), codec calls before the history change (~9 min)
+#   bash scripts/gpu_check.sh secondframe  # GPU tests, load c=1,16,64 with the second frame made by the prefill thread vs the decode batch (~7 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -306,6 +308,44 @@ diagnose)
 naive)
     timeout 560 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1,4 \
         --baseline-turns 1 --concurrency 1,4 --server-arg=--max-len=1536 --out "$out/naive" 2>&1 | tee "$out/naive.log"
+    ;;
+convhist)
+    # conv_input's history in programs of its own (the working tree) against the history
+    # tile in every program (ab/conv_input_everywhere.patch, applied after the first half):
+    # the codec kernels' compiled tests and GPU tests, the codec call times, then c=64 load
+    # with per-turn timing, once with --codec-first-frames=2 (~9 min)
+    work=/tmp/convhist; rm -rf "$work"; mkdir -p "$work"
+    timeout 200 python3 -m pytest -q tests/test_kernel_conv_state.py tests/test_kernel_snake.py tests/test_kernel_residual.py \
+        tests/test_kernel_snake_train.py tests/test_gpu.py -k "not fp8" 2>&1 | tail -8 | tee "$out/gpu_tests.log"
+    timeout 90 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --profile-batch 64 --ops 12 \
+        --out "$out/profile_codec" 2>&1 | grep -v Warn | tee "$out/profile_codec.log"
+    for ff in 1 2; do
+        timeout 130 python3 -m latency_bench "${bench[@]}" --concurrency 64 --server-arg=--max-len=1536 \
+            --server-arg=--log-timing --server-arg=--codec-first-frames=$ff --out "$work/load-ff$ff" 2>&1 \
+            | grep -v "active=" | tail -6 | tee -a "$out/load.log"
+        grep "turn " "$work/load-ff$ff/server-engine.log" | python3 scripts/turn_timing.py 192 | tee -a "$out/load.log"
+        cp "$work/load-ff$ff/results.json" "$out/load-ff$ff.json"
+    done
+    if [ -f ab/conv_input_everywhere.patch ]; then
+        patch -p1 < ab/conv_input_everywhere.patch && timeout 80 python3 -m latency_bench.profile_codec --model s2-pro \
+            --batch 64 --profile-batch 64 --ops 12 --out "$out/profile_codec_before" 2>&1 | grep -v Warn \
+            | tee "$out/profile_codec_before.log"
+    fi
+    ;;
+secondframe)
+    # each segment's second frame made by the prefill thread (the default) against the
+    # decode batch making it (--no-prefill-second-frame), same call: the GPU tests, then
+    # the load sweep with per-turn timing, both ways (~7 min)
+    work=/tmp/secondframe; rm -rf "$work"; mkdir -p "$work"
+    timeout 200 python3 -m pytest -q --tb=short tests/test_gpu.py tests/test_kernel_snake.py -k "not fp8" 2>&1 \
+        | grep -v "^  \|Warning\|warn" | tail -40 | tee "$out/gpu_tests.log"
+    for way in prefill decode; do
+        flag=""; if [ "$way" = decode ]; then flag="--server-arg=--no-prefill-second-frame"; fi
+        timeout 200 python3 -m latency_bench "${bench[@]}" --concurrency ${CONCURRENCY:-1,16,64} --server-arg=--max-len=1536 \
+            --server-arg=--log-timing $flag --out "$work/load-$way" 2>&1 | grep -v "active=" | tail -8 | tee -a "$out/load.log"
+        grep "turn " "$work/load-$way/server-engine.log" | python3 scripts/turn_timing.py | tee -a "$out/load.log"
+        cp "$work/load-$way/results.json" "$out/load-f1-$way.json"
+    done
     ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -89,11 +89,12 @@ def alone_in_engine(bundle, text, n, config: EngineConfig):
         engine.stop()
 
 
-def check_batched_equals_alone(bundle, n: int = 16, kv_quant: str = "none") -> None:
+def check_batched_equals_alone(bundle, n: int = 16, kv_quant: str = "none", prefill_second_frame: bool = True) -> None:
     """Four streams, two joining while the first two decode, each get exactly the frames
     (and the audio length) the single-stream path gives them (with an FP8 KV cache: the
     frames each gets alone in an engine with that cache)."""
-    config = EngineConfig(max_running=4, max_queued=0, max_len=512, kv_quant=kv_quant)
+    config = EngineConfig(max_running=4, max_queued=0, max_len=512, kv_quant=kv_quant,
+                          prefill_second_frame=prefill_second_frame)
     if kv_quant == "none":
         expected = [alone(bundle, t, n) for t in TEXTS]
     else:
@@ -119,10 +120,6 @@ def check_batched_equals_alone(bundle, n: int = 16, kv_quant: str = "none") -> N
             assert samples == len(exp) * bundle.codec.hop_length
     finally:
         engine.stop()
-
-
-def test_batched_streams_get_exactly_their_single_stream_frames(bundle):
-    check_batched_equals_alone(bundle)
 
 
 def test_fp8_kv_cache_keeps_streams_apart(bundle):
@@ -291,6 +288,53 @@ def test_batched_prefill_equals_one_at_a_time(bundle):
         assert torch.equal(one.tokens[slot], many.tokens[slot]) and int(one.positions[slot]) == int(many.positions[slot])
         n = int(one.positions[slot])
         torch.testing.assert_close(one.kv.k[:, slot, :n], many.kv.k[:, slot, :n], rtol=1e-5, atol=1e-6)
+
+
+def check_second_frame_equals_decode_step(bundle, **runner_args) -> None:
+    """The prefill thread's second frame (Runner.second_frames) is the frame the decode
+    step gives, with the same device state and KV left behind: the same segment prefilled
+    into two slots at different positions, one stepped each way. A segment that ends at
+    the KV's end (room for its first frame only) is stepped in the scratch row: its own
+    state is left as it was."""
+    from engine.runner import Runner
+
+    runner = Runner(bundle, 4, 512, **runner_args)
+    segment = bundle.prompts.segment("Hello there, how are you?")
+    starts = {1: 7, 2: 30}
+    for slot, start in starts.items():
+        runner.prefill_prefix(slot, bundle.prompts.voice_prefix(None)[:, :start])
+    # the same prefix (the second's is longer: other positions, same content up to 7)
+    ends = {slot: start + segment.shape[1] for slot, start in starts.items()}
+    firsts = runner.prefill_segments([(slot, start, segment, GREEDY) for slot, start in starts.items()])
+    second = runner.second_frames([1], [ends[1]])[0]
+    stepped = runner.read(runner.launch([2], ends[2] + 1))[0]
+    reference = Runner(bundle, 4, 512, **runner_args)  # slot 1 alone, both frames from decode steps
+    reference.prefill_prefix(1, bundle.prompts.voice_prefix(None)[:, :7])
+    assert np.array_equal(reference.prefill_segment(1, 7, segment, GREEDY), firsts[0])
+    assert np.array_equal(reference.read(reference.launch([1], ends[1] + 1))[0], second)
+    for name in ("tokens", "positions", "frame_index", "windows"):
+        assert torch.equal(getattr(runner, name)[1], getattr(reference, name)[1]), name
+    assert int(runner.positions[1]) == ends[1] + 1 and int(runner.frame_index[1]) == 2
+    n = ends[1] + 1
+    torch.testing.assert_close(runner.kv.k[:, 1, :n], reference.kv.k[:, 1, :n], rtol=1e-5, atol=1e-6)
+    assert int(runner.positions[2]) == ends[2] + 1 and stepped.shape == second.shape
+    # a segment ending at the KV's end: its slot's state untouched, nothing written past the KV
+    full = runner.max_len - segment.shape[1]
+    runner.prefill_prefix(3, bundle.prompts.voice_prefix(None)[:, :7])
+    runner.prefill_segment(3, full, segment, GREEDY)
+    before = {name: getattr(runner, name)[3].clone() for name in ("tokens", "positions", "frame_index", "windows")}
+    runner.second_frames([3], [runner.max_len])
+    for name, value in before.items():
+        assert torch.equal(getattr(runner, name)[3], value), name
+
+
+def test_the_prefills_second_frame_is_the_decode_steps_first(bundle):
+    check_second_frame_equals_decode_step(bundle)
+
+
+@pytest.mark.parametrize("second_frame", [True, False], ids=["f1-prefilled", "f1-decoded"])
+def test_batched_streams_get_their_single_stream_frames_either_way_the_second_frame_is_made(bundle, second_frame):
+    check_batched_equals_alone(bundle, prefill_second_frame=second_frame)
 
 
 def test_a_cpu_engine_splits_the_cores_between_its_decode_and_codec_threads(bundle):

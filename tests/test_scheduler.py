@@ -11,10 +11,14 @@ END = "END"
 
 
 class FakeEngine:
-    """Replays the engine's calls: prefill work in order, decode steps read one step late."""
+    """Replays the engine's calls: prefill work in order, decode steps read one step late;
+    `second_frame`: the prefill thread makes each segment's second frame too (the
+    engine's default, EngineConfig.prefill_second_frame)."""
 
-    def __init__(self, sched: Scheduler, end_after: dict[int, int] | None = None, prompt_len: int = 10) -> None:
+    def __init__(self, sched: Scheduler, end_after: dict[int, int] | None = None, prompt_len: int = 10,
+                 second_frame: bool = False) -> None:
         self.s = sched
+        self.second_frame = second_frame
         self.end_after = end_after or {}  # stream id -> frames before end-of-speech
         self.prompt_len = prompt_len
         self.emitted: dict[int, list] = {}
@@ -37,10 +41,13 @@ class FakeEngine:
             self.prefills.append((work.kind, work.stream.id, work.start, work.closing, work.restart))
             if work.kind == "voice":
                 self.s.voice_done(work.stream, 100)
-            elif self.s.segment_done(work.stream, work, self.prompt_len):
-                frame = self._frame(work.stream, 0)
-                self._record(work.stream, work.segment.turn, frame,
-                             self.s.frame(work.stream, work.segment.id, frame, frame == END))
+            elif self.s.segment_done(work.stream, work, self.prompt_len, second_frame=self.second_frame):
+                for n in range(2 if self.second_frame else 1):
+                    frame = self._frame(work.stream, n)
+                    self._record(work.stream, work.segment.turn, frame,
+                                 self.s.frame(work.stream, work.segment.id, frame, frame == END))
+                if self.second_frame:
+                    self.s.second_frame_done(work.stream)
 
     def step(self):
         """Launch a step for the current batch, then read the previous one."""
@@ -85,9 +92,10 @@ def test_admission_queue_refusal_and_lowest_free_slot():
     assert b.phase is Phase.CLOSED and s.free_slots == [1]
 
 
-def test_segments_are_spoken_in_order_with_positions_and_closings():
+@pytest.mark.parametrize("second", [False, True], ids=["f1-decoded", "f1-prefilled"])
+def test_segments_are_spoken_in_order_with_positions_and_closings(second):
     s = Scheduler(max_running=4, max_queued=0, max_len=4096)
-    e = FakeEngine(s, prompt_len=10)
+    e = FakeEngine(s, prompt_len=10, second_frame=second)
     st = s.open("x", frame_budget=5)
     e.prefill_all()
     assert st.phase is Phase.IDLE and st.position == 100  # the voice prefix
@@ -104,9 +112,10 @@ def test_segments_are_spoken_in_order_with_positions_and_closings():
     assert st.position == 114 + 10 + 4
 
 
-def test_end_of_speech_is_seen_one_step_late_and_the_extra_frame_dropped():
+@pytest.mark.parametrize("second", [False, True], ids=["f1-decoded", "f1-prefilled"])
+def test_end_of_speech_is_seen_one_step_late_and_the_extra_frame_dropped(second):
     s = Scheduler(max_running=2, max_queued=0, max_len=4096)
-    e = FakeEngine(s, end_after={1: 3})
+    e = FakeEngine(s, end_after={1: 3}, second_frame=second)
     st = s.open("x", frame_budget=50)
     e.prefill_all()
     s.say(st, Segment(1, "Hi."))
@@ -116,9 +125,10 @@ def test_end_of_speech_is_seen_one_step_late_and_the_extra_frame_dropped():
     assert st.position == 100 + 10 + 3 and st.closing.cut_frame is None and st.phase is Phase.IDLE
 
 
-def test_streams_join_and_leave_the_batch_independently():
+@pytest.mark.parametrize("second", [False, True], ids=["f1-decoded", "f1-prefilled"])
+def test_streams_join_and_leave_the_batch_independently(second):
     s = Scheduler(max_running=3, max_queued=0, max_len=4096)
-    e = FakeEngine(s, end_after={1: 2, 2: 6})
+    e = FakeEngine(s, end_after={1: 2, 2: 6}, second_frame=second)
     a, b = s.open("a", 20), s.open("b", 20)
     e.prefill_all()
     s.say(a, Segment(1, "short"))
@@ -136,9 +146,10 @@ def test_streams_join_and_leave_the_batch_independently():
     assert len(e.emitted[a.id]) == 2 and len(e.emitted[b.id]) == 6 and len(e.emitted[c.id]) == 4
 
 
-def test_cancel_while_decoding_rolls_the_context_back_to_before_the_turn():
+@pytest.mark.parametrize("second", [False, True], ids=["f1-decoded", "f1-prefilled"])
+def test_cancel_while_decoding_rolls_the_context_back_to_before_the_turn(second):
     s = Scheduler(max_running=2, max_queued=0, max_len=4096)
-    e = FakeEngine(s)
+    e = FakeEngine(s, second_frame=second)
     st = s.open("x", 100)
     e.prefill_all()
     s.say(st, Segment(1, "Turn one."))
@@ -160,6 +171,19 @@ def test_cancel_while_decoding_rolls_the_context_back_to_before_the_turn():
     assert e.emitted[st.id][-1][0] == 3
 
 
+def test_a_quick_voice_goes_before_segments_and_a_slow_one_after():
+    s = Scheduler(max_running=3, max_queued=0, max_len=4096)
+    talking = s.open("talking", 10)
+    s.voice_done(s.next_prefill().stream, 100)
+    cached, uncached = s.open("cached", 10), s.open("uncached", 10)
+    s.say(talking, Segment(1, "Hello."))
+    quick = lambda stream: stream.owner == "cached"  # noqa: E731
+    assert [(w.kind, w.stream.owner) for w in s.next_prefills(4, quick)] == [("voice", "cached")]
+    assert [(w.kind, w.stream.owner) for w in s.next_prefills(4, quick)] == [("segment", "talking")]
+    assert [(w.kind, w.stream.owner) for w in s.next_prefills(4, quick)] == [("voice", "uncached")]
+    assert cached.prefill_busy and uncached.prefill_busy
+
+
 def test_cancel_while_the_segment_prefills():
     s = Scheduler(max_running=2, max_queued=0, max_len=4096)
     st = s.open("x", 10)
@@ -173,9 +197,65 @@ def test_cancel_while_the_segment_prefills():
     assert st.phase is Phase.IDLE and st.position == 100 and not s.decode_batch()
 
 
-def test_close_releases_the_slot_only_after_in_flight_steps_are_read():
+def _second_frame_pending(budget: int = 10):
+    """A stream whose segment's first frame was read, the prefill thread still stepping
+    it for its second: (scheduler, stream, the segment's prefill work)."""
     s = Scheduler(max_running=1, max_queued=1, max_len=4096)
-    e = FakeEngine(s)
+    st = s.open("x", budget)
+    assert s.next_prefill().kind == "voice"
+    s.voice_done(st, 100)
+    s.say(st, Segment(1, "Hello."))
+    work = s.next_prefill()
+    assert s.segment_done(st, work, 10, second_frame=True)
+    assert s.frame(st, work.segment.id, "f0", False).emit
+    return s, st, work
+
+
+def test_a_stream_being_stepped_by_the_prefill_thread_is_left_out_of_the_decode_batch():
+    s, st, work = _second_frame_pending()
+    assert st.phase is Phase.DECODING and s.decode_batch() == []  # the slot's state is being written
+    assert s.frame(st, work.segment.id, "f1", False).emit
+    s.second_frame_done(st)
+    assert s.decode_batch() == [st] and st.steps == 1  # the next decode step makes f2 at P0 + 1
+    s.step_launched([st])
+    assert st.prompt_end + st.steps == 112
+
+
+def test_close_while_the_prefill_thread_steps_a_stream_holds_its_slot_until_it_is_done():
+    s, st, work = _second_frame_pending()
+    queued = s.open("y", 10)
+    s.close(st)
+    assert st.phase is not Phase.CLOSED and queued.phase is Phase.QUEUED  # the GPU still writes the slot
+    assert not s.frame(st, work.segment.id, "f1", False).emit
+    s.second_frame_done(st)
+    assert st.phase is Phase.CLOSED and queued.slot == 0
+
+
+def test_cancel_while_the_prefill_thread_steps_a_stream():
+    s, st, work = _second_frame_pending()
+    s.cancel(st)
+    assert st.phase is Phase.IDLE and st.position == 100  # rolled back to before the turn
+    s.say(st, Segment(2, "Next turn."))
+    assert s.next_prefill() is None  # not while the slot's state is being written
+    assert not s.frame(st, work.segment.id, "f1", False).emit
+    s.second_frame_done(st)
+    work = s.next_prefill()
+    assert work.segment.turn == 2 and work.start == 100
+
+
+def test_a_one_frame_segment_drops_the_prefill_threads_second_frame():
+    s, st, work = _second_frame_pending(budget=1)
+    # f0 used the whole budget: the segment ended with f0 as its cut frame
+    assert st.phase is Phase.IDLE and st.position == 110 and st.closing.cut_frame == "f0"
+    assert not s.frame(st, work.segment.id, "f1", False).emit
+    s.second_frame_done(st)
+    assert s.decode_batch() == [] and st.phase is Phase.IDLE
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["f1-decoded", "f1-prefilled"])
+def test_close_releases_the_slot_only_after_in_flight_steps_are_read(second):
+    s = Scheduler(max_running=1, max_queued=1, max_len=4096)
+    e = FakeEngine(s, second_frame=second)
     a = s.open("a", 100)
     b = s.open("b", 100)
     e.prefill_all()
@@ -201,14 +281,15 @@ def test_context_restarts_from_the_voice_prefix_when_full():
     assert st.position <= 400
 
 
-def test_a_model_that_never_stops_is_cut_at_the_end_of_its_context():
+@pytest.mark.parametrize("second", [False, True], ids=["f1-decoded", "f1-prefilled"])
+def test_a_model_that_never_stops_is_cut_at_the_end_of_its_context(second):
     """A segment's frames need KV positions after its prompt; a model that never says
     end-of-speech (untrained, or sampling gone astray) is cut where the KV ends, with
     reason "context", and no step is launched that would write past it (the service
     crashed with an IndexError at position max_len before this bound existed)."""
     max_len = 160
     s = Scheduler(max_running=1, max_queued=0, max_len=max_len)
-    e = FakeEngine(s, prompt_len=10)
+    e = FakeEngine(s, prompt_len=10, second_frame=second)
     st = s.open("x", frame_budget=1024)  # the service's default budget, far past the KV
     e.prefill_all()
     s.say(st, Segment(1, "Hi."))  # room_needed is small: the prompt starts at 100
