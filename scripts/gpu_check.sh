@@ -337,13 +337,19 @@ secondframe)
     # decode batch making it (--no-prefill-second-frame), same call: the GPU tests, then
     # the load sweep with per-turn timing, both ways (~7 min)
     work=/tmp/secondframe; rm -rf "$work"; mkdir -p "$work"
-    timeout 200 python3 -m pytest -q --tb=short tests/test_gpu.py tests/test_kernel_snake.py -k "not fp8" 2>&1 \
-        | grep -v "^  \|Warning\|warn" | tail -40 | tee "$out/gpu_tests.log"
+    # (GPU_TESTS=0 skips the tests; CONCURRENCY: the default's levels, BASE_CONCURRENCY the
+    # baseline's; TURN_GROUPS: turns per level for the per-turn timing, 3 per connection)
+    if [ "${GPU_TESTS:-1}" != 0 ]; then
+        timeout 200 python3 -m pytest -q --tb=short tests/test_gpu.py tests/test_kernel_snake.py -k "not fp8" 2>&1 \
+            | grep -v "^  \|Warning\|warn" | tail -40 | tee "$out/gpu_tests.log"
+    fi
     for way in prefill decode; do
-        flag=""; if [ "$way" = decode ]; then flag="--server-arg=--no-prefill-second-frame"; fi
-        timeout 200 python3 -m latency_bench "${bench[@]}" --concurrency ${CONCURRENCY:-1,16,64} --server-arg=--max-len=1536 \
-            --server-arg=--log-timing $flag --out "$work/load-$way" 2>&1 | grep -v "active=" | tail -8 | tee -a "$out/load.log"
-        grep "turn " "$work/load-$way/server-engine.log" | python3 scripts/turn_timing.py | tee -a "$out/load.log"
+        flag=""; levels=${CONCURRENCY:-1,16,64}
+        if [ "$way" = decode ]; then flag="--server-arg=--no-prefill-second-frame"; levels=${BASE_CONCURRENCY:-$levels}; fi
+        timeout 240 python3 -m latency_bench "${bench[@]}" --concurrency $levels --server-arg=--max-len=1536 \
+            --server-arg=--log-timing $flag --out "$work/load-$way" 2>&1 | grep -v "active=" | tail -9 | tee -a "$out/load.log"
+        grep "turn " "$work/load-$way/server-engine.log" | python3 scripts/turn_timing.py ${TURN_GROUPS:-3,48,192} \
+            | tee -a "$out/load.log"
         cp "$work/load-$way/results.json" "$out/load-f1-$way.json"
     done
     ;;
