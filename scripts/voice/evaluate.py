@@ -35,17 +35,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_service(model: str, voices_dir: Path):
+def start_service(model: str, voices_dir: Path, prefill_second_frame: bool = True):
     """The service app on a free localhost port in a background thread; returns (url, server)."""
     import uvicorn
 
     from engine.bundle import load_bundle
-    from engine.engine import Engine
+    from engine.engine import Engine, EngineConfig
     from realtime.app import build_app
     from realtime.config import ServiceConfig
 
     port = _free_port()
-    config = ServiceConfig(port=port, model=model, device="cpu", voices_dir=voices_dir, demo_page=False)
+    config = ServiceConfig(port=port, model=model, device="cpu", voices_dir=voices_dir, demo_page=False,
+                           engine=EngineConfig(prefill_second_frame=prefill_second_frame))
     app = build_app(config, Engine(load_bundle(model, "cpu"), config.engine))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
                                            ws="websockets-sansio", log_level="warning", lifespan="on"))
@@ -88,13 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--service-only", action="store_true",
                    help="only the service path (a few minutes: e.g. after a change to the service)")
+    p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
+                   help="the service's --no-prefill-second-frame (an A/B baseline of the service path)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     report = {} if args.service_only else ev.evaluate(args.data, args.model, None, args.limit, args.sentences,
                                                        args.clone_trials, args.threads)
     held = ev.HeldOut.load(args.data, SAMPLE_RATE, args.limit)
     with tempfile.TemporaryDirectory() as voices:
-        url, server = start_service(args.model, Path(voices))
+        url, server = start_service(args.model, Path(voices), args.prefill_second_frame)
         try:
             report["service"] = asyncio.run(service_path(url, held.split("plain")[: args.service_sentences],
                                                          ev.Recognizer()))
