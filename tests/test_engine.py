@@ -292,32 +292,30 @@ def test_batched_prefill_equals_one_at_a_time(bundle):
 
 def check_second_frame_equals_decode_step(bundle, **runner_args) -> None:
     """The prefill thread's second frame (Runner.second_frames) is the frame the decode
-    step gives, with the same device state and KV left behind: the same segment prefilled
-    into two slots at different positions, one stepped each way. A segment that ends at
-    the KV's end (room for its first frame only) is stepped in the scratch row: its own
-    state is left as it was."""
+    step gives, with the same device state and KV left behind. Slot 1 is stepped by
+    second_frames and slot 2 by a decode step in the same runner; a reference runner
+    steps both by decode steps. A segment that ends at the KV's end (room for its first
+    frame only) is stepped in the scratch row: its own state is left as it was."""
     from engine.runner import Runner
 
-    runner = Runner(bundle, 4, 512, **runner_args)
     segment = bundle.prompts.segment("Hello there, how are you?")
-    starts = {1: 7, 2: 30}
-    for slot, start in starts.items():
-        runner.prefill_prefix(slot, bundle.prompts.voice_prefix(None)[:, :start])
-    # the same prefix (the second's is longer: other positions, same content up to 7)
+    starts = {1: 7, 2: 30}  # voice-prefix lengths: the segments sit at other positions
     ends = {slot: start + segment.shape[1] for slot, start in starts.items()}
+    runner, reference = Runner(bundle, 4, 512, **runner_args), Runner(bundle, 4, 512, **runner_args)
+    for r in (runner, reference):
+        for slot, start in starts.items():
+            r.prefill_prefix(slot, bundle.prompts.voice_prefix(None)[:, :start])
     firsts = runner.prefill_segments([(slot, start, segment, GREEDY) for slot, start in starts.items()])
-    second = runner.second_frames([1], [ends[1]])[0]
-    stepped = runner.read(runner.launch([2], ends[2] + 1))[0]
-    reference = Runner(bundle, 4, 512, **runner_args)  # slot 1 alone, both frames from decode steps
-    reference.prefill_prefix(1, bundle.prompts.voice_prefix(None)[:, :7])
-    assert np.array_equal(reference.prefill_segment(1, 7, segment, GREEDY), firsts[0])
-    assert np.array_equal(reference.read(reference.launch([1], ends[1] + 1))[0], second)
-    for name in ("tokens", "positions", "frame_index", "windows"):
-        assert torch.equal(getattr(runner, name)[1], getattr(reference, name)[1]), name
-    assert int(runner.positions[1]) == ends[1] + 1 and int(runner.frame_index[1]) == 2
-    n = ends[1] + 1
-    torch.testing.assert_close(runner.kv.k[:, 1, :n], reference.kv.k[:, 1, :n], rtol=1e-5, atol=1e-6)
-    assert int(runner.positions[2]) == ends[2] + 1 and stepped.shape == second.shape
+    seconds = {1: runner.second_frames([1], [ends[1]])[0], 2: runner.read(runner.launch([2], ends[2] + 1))[0]}
+    for (slot, start), first in zip(starts.items(), firsts):
+        assert np.array_equal(reference.prefill_segment(slot, start, segment, GREEDY), first)
+        assert np.array_equal(reference.read(reference.launch([slot], ends[slot] + 1))[0], seconds[slot]), slot
+        for name in ("tokens", "positions", "frame_index", "windows"):
+            assert torch.equal(getattr(runner, name)[slot], getattr(reference, name)[slot]), (slot, name)
+        assert int(runner.positions[slot]) == ends[slot] + 1 and int(runner.frame_index[slot]) == 2
+        n = ends[slot] + 1
+        torch.testing.assert_close(runner.kv.k[:, slot, :n], reference.kv.k[:, slot, :n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(runner.kv.v[:, slot, :n], reference.kv.v[:, slot, :n], rtol=1e-5, atol=1e-6)
     # a segment ending at the KV's end: its slot's state untouched, nothing written past the KV
     full = runner.max_len - segment.shape[1]
     runner.prefill_prefix(3, bundle.prompts.voice_prefix(None)[:, :7])
