@@ -1,7 +1,9 @@
 """The serving engine: the scheduler, the runner and three worker threads.
 
-- prefill thread: voice prefixes when a stream opens (or a copy from the voice cache),
-  text segments as they arrive; samples each segment's first frame;
+- prefill thread: voice prefixes when a stream opens (or a copy from the voice cache,
+  ahead of waiting segments), text segments as they arrive; samples each segment's first
+  frame, hands it to the codec, then makes its second frame (one frame step of the
+  prefill's batch, EngineConfig.prefill_second_frame);
 - decode thread: one batched step for every decoding stream, launched before the
   previous step is read (the host reads frames one step late);
 - codec thread: code frames to PCM, batched across streams.

@@ -3,7 +3,8 @@ which streams step in the next decode batch, and what a decoded frame means.
 
 Plain Python (no torch), driven by the engine's threads under one lock:
 - the event loop calls open / say / cancel / close;
-- the prefill thread calls next_prefill / prefill_done;
+- the prefill thread calls next_prefills / voice_done / segment_done (and
+  second_frame_done when it made the segment's second frame, step 1, itself);
 - the decode thread calls decode_batch / step_launched / frame / step_read.
 
 A stream holds a KV slot from admission to close (its voice prefix stays in the slot, so
