@@ -3,12 +3,20 @@ tests/test_quant.py, asks for one fixed input; this shows how much that one inpu
 and the greedy decoding loop that gate and this report share.
 
     python -m latency_bench.fp8_agreement [--model default] [--device cpu] [--frames 5] [--inputs 16]
+        [--weights-only] [--ceiling]
 
 For each input (the gate's fixed sentence, then held-out plain sentences): greedy frames
 of the bf16 model, then of the same model with every transformer linear layer in FP8
 (`quantize_model_`; on a CPU the PyTorch references, which compute what the kernels do),
 and whether all frames, and the semantic tokens alone, came out identical. Prints the head
 logits' relative error per input.
+
+Two diagnoses of where a difference comes from:
+- `--weights-only`: instead of FP8, every transformer weight rounded through the
+  block-scaled e4m3 layout and back, activations unquantized (what the weights' rounding
+  alone does; not a mode the service runs);
+- `--ceiling`: first the same count for the model in fp32 against bf16, i.e. how often
+  greedy decoding survives a numerical change no larger than bf16's own rounding.
 """
 
 from __future__ import annotations
@@ -54,28 +62,60 @@ def greedy_run(bundle, n_frames: int, text: str = GATE_TEXT) -> tuple[torch.Tens
     return torch.cat(frames).T.cpu(), head.float().cpu()
 
 
+@torch.no_grad()
+def round_weights_through_fp8_(model) -> None:
+    """Every transformer linear weight (w1 and w3 stacked first, as FP8 quantizes them)
+    quantized to block-scaled e4m3 and dequantized back into its own dtype, in place."""
+    from kernels.fp8_quant import dequantize_weight, quantize_weight
+
+    for block in [*model.layers, *model.fast_layers]:
+        block.feed_forward.fuse_gate_up_()
+        for linear in (m for m in block.modules() if isinstance(m, torch.nn.Linear)):
+            w = linear.weight
+            w.copy_(dequantize_weight(*quantize_weight(w.detach())).to(w.dtype))
+
+
+def agreement(bundle, texts: list[str], want: list, n_frames: int, label: str, verbose: bool = True) -> tuple[int, int]:
+    """(inputs with all frames identical, with the semantic tokens identical) of `bundle`'s
+    greedy frames against `want` (greedy_run results of the same texts)."""
+    frames_equal = semantic_equal = 0
+    for text, (frames, logits) in zip(texts, want):
+        got, got_logits = greedy_run(bundle, n_frames, text)
+        frames_equal += torch.equal(got, frames)
+        semantic_equal += torch.equal(got[0], frames[0])
+        if verbose:
+            print(f"frames equal {torch.equal(got, frames)!s:5}  semantic equal {torch.equal(got[0], frames[0])!s:5}  "
+                  f"head logits rel. error {rel(got_logits, logits):.4f}  {text[:48]}")
+    print(f"{label}, {n_frames} frames: all frames identical for {frames_equal}/{len(texts)} inputs, "
+          f"the semantic tokens for {semantic_equal}/{len(texts)}")
+    return frames_equal, semantic_equal
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--frames", type=int, default=5)
     p.add_argument("--inputs", type=int, default=16)
+    p.add_argument("--weights-only", action="store_true",
+                   help="weights rounded through FP8 and back, activations unquantized (a diagnosis)")
+    p.add_argument("--ceiling", action="store_true", help="also the fp32 model against bf16")
     args = p.parse_args()
     plain = [item["text"] for item in plain_sentences()]
     texts = [GATE_TEXT, *plain][: args.inputs]
     torch.set_grad_enabled(False)
     bundle = load_bundle(args.model, args.device, torch.bfloat16)
     bf16 = [greedy_run(bundle, args.frames, t) for t in texts]
-    quantize_model_(bundle.model, kernel=bundle.device.type == "cuda")
-    frames_equal = semantic_equal = 0
-    for text, (want, want_logits) in zip(texts, bf16):
-        got, logits = greedy_run(bundle, args.frames, text)
-        frames_equal += torch.equal(got, want)
-        semantic_equal += torch.equal(got[0], want[0])
-        print(f"frames equal {torch.equal(got, want)!s:5}  semantic equal {torch.equal(got[0], want[0])!s:5}  "
-              f"head logits rel. error {rel(logits, want_logits):.4f}  {text[:48]}")
-    print(f"{args.model} on {args.device}, {args.frames} frames: all frames identical for {frames_equal}/{len(texts)} "
-          f"inputs, the semantic tokens for {semantic_equal}/{len(texts)}")
+    if args.ceiling:
+        agreement(load_bundle(args.model, args.device, torch.float32), texts, bf16, args.frames,
+                  f"{args.model} on {args.device}, fp32 against bf16", verbose=False)
+    if args.weights_only:
+        round_weights_through_fp8_(bundle.model)
+        label = "FP8-rounded weights, bf16 activations"
+    else:
+        quantize_model_(bundle.model, kernel=bundle.device.type == "cuda")
+        label = "FP8"
+    agreement(bundle, texts, bf16, args.frames, f"{args.model} on {args.device}, {label} against bf16")
     return 0
 
 
