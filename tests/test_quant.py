@@ -79,6 +79,25 @@ def test_quantized_model_stays_close(tiny):
     assert rel(model.full_logits(prompt), exact) < 0.1
 
 
+def test_weights_rounded_through_fp8_are_the_fp8_layers_weights(tiny):
+    """fp8_agreement --weights-only: each transformer weight becomes what the FP8 layers
+    hold, dequantized (w1 and w3 stacked first, as FP8FeedForward quantizes them), and
+    nothing else changes."""
+    from kernels.fp8_quant import dequantize_weight
+    from latency_bench.fp8_agreement import round_weights_through_fp8_
+
+    rounded = copy.deepcopy(tiny.model)
+    round_weights_through_fp8_(rounded)
+    quantized = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    for a, q in zip([*rounded.layers, *rounded.fast_layers], [*quantized.layers, *quantized.fast_layers]):
+        pairs = [(a.attention.wqkv, q.attention.wqkv), (a.attention.wo, q.attention.wo),
+                 (a.feed_forward.w13, q.feed_forward.w13), (a.feed_forward.w2, q.feed_forward.w2)]
+        for linear, fp8 in pairs:
+            assert torch.equal(linear.weight, dequantize_weight(fp8.weight_q, fp8.weight_scale).to(linear.weight.dtype))
+    assert torch.equal(rounded.fast_output.weight, tiny.model.fast_output.weight)
+    assert 0.005 < rel(rounded.layers[0].attention.wqkv.weight, tiny.model.layers[0].attention.wqkv.weight) < 0.08
+
+
 def test_quantized_decode_step_runs_with_kernels(tiny):
     """The decode-shaped path (M = batch rows, slow step + a fast step) through the kernels
     gives the reference path's logits (prefill on the reference path: the interpreter
