@@ -16,6 +16,7 @@ them to its own thread (the service uses one mailbox per event loop, realtime/ma
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -153,6 +154,12 @@ class EngineStream:
         self.timing: dict[int, list[float]] = {}  # turn -> [say, prefill start, prefill end] (log_timing)
         self.latest_turn = 0  # highest turn handed to say()
         self.dropped_below = 0  # audio of turns below this was cancelled
+
+    @functools.cached_property
+    def voice_key(self) -> str:
+        """The voice's content hash (VoiceInput.key hashes every reference's audio), made
+        once: the prefill thread asks for it while ordering its work and again to prefill."""
+        return self.voice.key
 
     def sampling_for_next_segment(self) -> SamplingParams:
         # a different noise stream per segment, still reproducible from the seed
@@ -346,7 +353,7 @@ class Engine:
     def _voice_cached(self, stream: Stream) -> bool:
         """The stream's voice prefix is in the voice cache: ready is one device copy away
         (the scheduler takes such voices before segments)."""
-        return stream.owner.voice.key in self.voice_cache
+        return stream.owner.voice_key in self.voice_cache
 
     def _guarded(self, work: PrefillWork, fn) -> bool:
         """Run one stream's prefill step; a failure ends that stream's work with an error
@@ -386,7 +393,7 @@ class Engine:
     def _prefill_voice(self, work: PrefillWork, handle: EngineStream) -> None:
         t0 = time.perf_counter()
         stream = work.stream
-        prefix = self.voice_cache.get(handle.voice.key)
+        prefix = self.voice_cache.get(handle.voice_key)
         cached = prefix is not None
         if cached:
             self.runner.load_prefix(stream.slot, prefix)
@@ -396,7 +403,7 @@ class Engine:
             if tokens.shape[1] + 256 > self.runner.max_len:
                 raise EngineError("too_large", f"the voice prompt ({tokens.shape[1]} tokens) leaves no room in the context")
             prefix = self.runner.prefill_prefix(stream.slot, tokens)
-            self.voice_cache.put(handle.voice.key, prefix)
+            self.voice_cache.put(handle.voice_key, prefix)
         self.codec.reset(stream.slot)
         self.prefills += 1
         with self._lock:
