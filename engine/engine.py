@@ -84,6 +84,10 @@ class EngineConfig:
     # 46 ms at 21.5 frames/s) then has its second behind it before it has played out.
     # Off in the naive baseline.
     prefill_second_frame: bool = True
+    # Decode steps of 1-4 streams run their linear layers through the GEMV kernel
+    # (engine/small_batch.py) on a GPU where it matches its reference; False: the GEMMs
+    # at every batch (an A/B baseline). Off in the naive baseline.
+    gemv: bool = True
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0
@@ -206,7 +210,7 @@ class Engine:
         c = self.config
         # the naive baseline runs eager: no CUDA graphs
         self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
-                             kv_quant=c.kv_quant)
+                             kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,

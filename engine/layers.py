@@ -88,9 +88,12 @@ class FeedForward(nn.Module):
         """`kernel` (fused gate/up only): silu(gate) * up as one Triton launch (kernels/swiglu.py)."""
         if self.fused:
             if kernel:
+                gate_up = self.w13(x)
+                if hasattr(self.w2, "max_rows"):  # engine/small_batch.py GemvLinear: the SwiGLU inside
+                    return self.w2(gate_up, swiglu=True)
                 from kernels.swiglu import swiglu
 
-                return self.w2(swiglu(self.w13(x)))
+                return self.w2(swiglu(gate_up))
             gate, up = self.w13(x).split(self.hidden, dim=-1)
             return self.w2(F.silu(gate) * up)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))

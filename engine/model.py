@@ -16,6 +16,7 @@ from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta
 from engine.config import ModelConfig
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import RMSNorm, TransformerBlock, rope_table, run_blocks
+from engine.small_batch import gemv_rows
 
 
 class DualARModel(nn.Module):
@@ -50,6 +51,9 @@ class DualARModel(nn.Module):
         # the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels); the
         # serving runner turns this on once those kernels matched their references on its GPU
         self.step_kernels = False
+        # decode-sized linear layers through kernels/gemv.py up to this many rows
+        # (engine/small_batch.py use_gemv_; the head reads it here)
+        self.gemv_rows = 0
         self._init_derived(self.embeddings.weight.device)
 
     # --- derived, non-persistent state -------------------------------------------------
@@ -105,7 +109,12 @@ class DualARModel(nn.Module):
     def _head(self, h: Tensor, normed: Tensor) -> tuple[Tensor, Tensor]:
         """h: [B, D] last slow hidden, normed: it normed -> (head logits
         [B, num_semantic + 1], fast input)."""
-        logits = normed @ self.head_weight.t()
+        if gemv_rows(normed, self.gemv_rows):
+            from kernels.gemv import gemv
+
+            logits = gemv(normed if normed.stride(-1) == 1 else normed.contiguous(), self.head_weight)
+        else:
+            logits = normed @ self.head_weight.t()
         fast_in = normed if self.config.norm_fastlayer_input else h
         if hasattr(self, "fast_project_in"):
             fast_in = self.fast_project_in(fast_in)

@@ -39,6 +39,7 @@ from engine.graphs import capture
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import FeedForward
 from engine.sampling import MAX_TOP_K, SamplingParams, SamplingTensors
+from engine.small_batch import GEMV_MAX_ROWS, gemv_shapes, use_gemv_
 
 log = logging.getLogger("engine")
 
@@ -137,6 +138,7 @@ class Runner:
         chunked_prefill: bool | None = None,
         step_kernels: bool | None = None,
         kv_quant: str = "none",
+        gemv: bool | None = None,
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -154,6 +156,8 @@ class Runner:
         self.kv_quant = kv_quant
         self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
         self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
+        self.gemv = self._gemv_ok() if gemv is None else gemv
+        use_gemv_(self.model, GEMV_MAX_ROWS if self.gemv else 0)
         if self.cuda_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.max_running = max_running
@@ -227,6 +231,22 @@ class Runner:
                                 c.fast_attention_qk_norm, c.norm_eps)
         if why is not None:
             log.warning("fused q/k/v decode kernel off (PyTorch path instead): %s", why)
+        return why is None
+
+    def _gemv_ok(self) -> bool:
+        """On a GPU, decode steps of 1-4 streams run every linear layer and the sampling
+        head through the GEMV kernel (engine/small_batch.py), once it has compiled and
+        matched its reference here at the model's shapes; elsewhere, or if it did not, the
+        GEMMs."""
+        if not self.cuda:
+            return False
+        from kernels.gemv import self_check
+
+        plain, fp8 = gemv_shapes(self.model)
+        why = (self_check(self.device, self.dtype, plain) if plain else None) or (
+            self_check(self.device, self.dtype, fp8, fp8=True) if fp8 else None)
+        if why is not None:
+            log.warning("small-batch GEMV off (GEMMs instead): %s", why)
         return why is None
 
     def _step_kernels_ok(self) -> bool:

@@ -125,6 +125,10 @@ def main(argv=None) -> int:
     p.add_argument("--step-kernels-baseline", action="store_true",
                    help="also run CUDA graphs with the blocks' small ops in PyTorch (mode graphs_torch_ops): "
                         "the baseline of kernels/add_rms_norm.py, swiglu.py, fast_attention.py")
+    p.add_argument("--gemv-baseline", action="store_true",
+                   help="also run CUDA graphs with every linear layer on its GEMM at every batch (mode graphs_no_gemv): "
+                        "the baseline of the small-batch GEMV (kernels/gemv.py, engine/small_batch.py)")
+    p.add_argument("--skip-eager", action="store_true", help="on a GPU, time the graph modes only (saves minutes)")
     p.add_argument("--attention-launch", default="measured", choices=["measured", "short"],
                    help="decode attention's launch: the measured choice per batch (kernels/decode_attention.py"
                         " launch_choice), or its short splits at every batch (the launch before it, a baseline)")
@@ -145,7 +149,11 @@ def main(argv=None) -> int:
         modes.append("graphs")
         if a.step_kernels_baseline:
             modes.append("graphs_torch_ops")
-    fastest = modes[1] if len(modes) > 1 else modes[0]
+        if a.gemv_baseline:
+            modes.append("graphs_no_gemv")
+        if a.skip_eager:
+            modes.remove("eager")
+    fastest = next((m for m in modes if m == "graphs"), modes[0])
     kv_of = {m: kv_quants[0] for m in modes}
     for q in kv_quants[1:]:
         modes.append(f"{fastest}_kv_{q}")
@@ -156,9 +164,11 @@ def main(argv=None) -> int:
         results["gpu"] = torch.cuda.get_device_name(device)
     for mode in modes:
         runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=not mode.startswith("eager"),
-                        step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode])
+                        step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode],
+                        gemv=False if mode == "graphs_no_gemv" else None)
         results[mode] = {
             "step_kernels": runner.model.step_kernels,
+            "gemv": runner.gemv,
             "kv_quant": kv_of[mode],
             "kv_bytes_per_stream": runner.kv_bytes_per_stream(),
             "decode": [bench_decode(runner, b, a.context, a.steps) for b in batches],
@@ -179,6 +189,10 @@ def main(argv=None) -> int:
     for i, b in enumerate(batches):
         print(f"{b:>6} " + " ".join(
             f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
+    if "graphs_no_gemv" in results and "graphs" in results:
+        base, new = results["graphs_no_gemv"]["decode"], results["graphs"]["decode"]
+        print("graphs (GEMV up to 4 rows) against graphs_no_gemv (step time ratio, higher is faster): " + ", ".join(
+            f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches)))
     for m in modes[len(modes) - len(kv_quants) + 1:]:  # each further KV layout against the same mode's first
         base = results[fastest]
         ratios = ", ".join(f"batch {b} {base['decode'][i]['step_ms'] / results[m]['decode'][i]['step_ms']:.2f}x"

@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
                    help="leave each segment's second frame to the decode batch (2-3 steps after its prefill) "
                         "instead of one small step on the prefill thread: an A/B baseline")
+    p.add_argument("--no-gemv", dest="gemv", action="store_false",
+                   help="run every linear layer on its GEMM at every batch size instead of the small-batch GEMV "
+                        "kernel at 1-4 streams (an A/B baseline)")
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")
@@ -109,7 +112,7 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
-            codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame,
+            codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv,
             codec_release_interval_s=a.codec_release_interval,
             codec_kernels=a.codec_kernels,
             cpu_threads=a.cpu_threads or None,

@@ -1,0 +1,119 @@
+"""Decode-sized linear layers through the GEMV kernel (kernels/gemv.py).
+
+A decode step at low concurrency multiplies 1-4 rows by every weight of both
+transformers: the S2-Pro frame step streams ~7.7 GB of bf16 weights through 76 layer
+passes plus the heads, and that streaming is most of its time. `use_gemv_(model, rows)`
+routes every such layer through the GEMV when its input has at most `rows` rows, and
+through its GEMM (cuBLAS, or the FP8 GEMM) above:
+
+- bf16/fp16/fp32 weights: each block's wqkv, wo, w13 and w2, the fast transformer's
+  `fast_output` and `fast_project_in` become `GemvLinear` (the same parameters, no copy);
+  w2 then takes the fused gate/up output with the SwiGLU inside (FeedForward.forward).
+- FP8 weights (engine/quant.py): FP8Linear / FP8FeedForward call the GEMV on their e4m3
+  codes and block scales, activations quantized in it as their GEMM quantizes them.
+- the slow model's sampling head (`head_weight`, the semantic rows) likewise.
+
+The switch is per module attribute and branches on shapes only, so a CUDA graph
+captured per batch bucket replays the path it captured. `use_gemv_(model, 0)` turns it
+off (the A/B baseline; the engine's `gemv=False`).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.layers import TransformerBlock
+
+GEMV_MAX_ROWS = 4  # kernels/gemv.py MAX_M (this module imports no Triton; a test holds them equal)
+
+
+def gemv_rows(x: Tensor, max_rows: int) -> int:
+    """x's row count if the GEMV takes it (1..max_rows), else 0."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return rows if 0 < rows <= max_rows else 0
+
+
+class GemvLinear(nn.Linear):
+    """nn.Linear sharing `linear`'s parameters; at most `max_rows` rows go through the GEMV."""
+
+    def __init__(self, linear: nn.Linear, max_rows: int) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.max_rows = max_rows
+
+    def forward(self, x: Tensor, swiglu: bool = False) -> Tensor:
+        """`swiglu`: x is the fused gate/up output [..., 2 * in_features]; the layer
+        multiplies silu(gate) * up (kernels/swiglu.py's roundings)."""
+        if gemv_rows(x, self.max_rows):
+            from kernels.gemv import gemv
+
+            x2 = x.reshape(-1, x.shape[-1])
+            y = gemv(x2 if x2.stride(-1) == 1 else x2.contiguous(), self.weight, bias=self.bias, swiglu=swiglu)
+            return y.view(*x.shape[:-1], self.out_features)
+        if swiglu:
+            from kernels.swiglu import swiglu as swiglu_kernel
+
+            x = swiglu_kernel(x)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, gemv up to {self.max_rows} rows"
+
+
+def _swap(owner: nn.Module, name: str, max_rows: int) -> None:
+    mod = getattr(owner, name, None)
+    if isinstance(mod, GemvLinear):
+        mod.max_rows = max_rows
+    elif type(mod) is nn.Linear and max_rows:
+        setattr(owner, name, GemvLinear(mod, max_rows))
+
+
+def use_gemv_(model: nn.Module, max_rows: int) -> nn.Module:
+    """Route the model's decode-sized linear layers through the GEMV up to `max_rows`
+    rows (0: never). In place; shares every weight; call before capturing graphs."""
+    from engine.quant import FP8FeedForward, FP8Linear
+
+    blocks: list[TransformerBlock] = [*model.layers, *model.fast_layers]
+    for block in blocks:
+        _swap(block.attention, "wqkv", max_rows)
+        _swap(block.attention, "wo", max_rows)
+        ff = block.feed_forward
+        if isinstance(ff, FP8FeedForward):
+            ff.gemv_rows = max_rows
+        elif getattr(ff, "fused", False):  # the swiglu-in form needs the stacked gate/up
+            _swap(ff, "w13", max_rows)
+            _swap(ff, "w2", max_rows)
+    for mod in model.modules():
+        if isinstance(mod, FP8Linear):
+            mod.gemv_rows = max_rows
+    _swap(model, "fast_output", max_rows)
+    _swap(model, "fast_project_in", max_rows)
+    model.gemv_rows = max_rows  # the sampling head (DualARModel._head)
+    return model
+
+
+def gemv_shapes(model: nn.Module) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(N, K) of the layers use_gemv_ routes: (unquantized, e4m3); each list ends with a
+    down projection's, the one the GEMV runs with the SwiGLU inside."""
+    from engine.quant import FP8FeedForward
+
+    plain, fp8 = set(), set()
+    downs_plain, downs_fp8 = set(), set()
+    for block in [*model.layers, *model.fast_layers]:
+        for lin in (block.attention.wqkv, block.attention.wo):
+            (fp8 if hasattr(lin, "weight_q") else plain).add((lin.out_features, lin.in_features))
+        ff = block.feed_forward
+        if isinstance(ff, FP8FeedForward):
+            fp8.add((ff.w13.out_features, ff.w13.in_features))
+            downs_fp8.add((ff.w2.out_features, ff.w2.in_features))
+        elif getattr(ff, "fused", False):
+            plain.add(tuple(ff.w13.weight.shape))
+            downs_plain.add(tuple(ff.w2.weight.shape))
+    for name in ("fast_output", "fast_project_in"):
+        if isinstance(getattr(model, name, None), nn.Linear):
+            plain.add(tuple(getattr(model, name).weight.shape))
+    if getattr(model, "head_weight", None) is not None:
+        plain.add(tuple(model.head_weight.shape))
+    return (sorted(plain - downs_plain) + sorted(downs_plain), sorted(fp8 - downs_fp8) + sorted(downs_fp8))

@@ -1,0 +1,211 @@
+"""Small-batch linear layers (M = 1..4 rows): y = x @ W.T, streaming W once, without tensor cores.
+
+    x        [M, K]   bf16 / fp16 / fp32, unit stride along K (any row stride)
+                      (swiglu=True: [M, 2K], the fused gate/up output; x = silu(gate) * up)
+    w        [N, K]   x's dtype, or float8_e4m3fn with w_scale, contiguous
+    w_scale  [cdiv(N, 128), cdiv(K, 128)] fp32 row-major (e4m3 weights only: kernels/FP8_NOTES.md)
+    bias     [N]      optional, x's dtype
+    -> y     [M, N]   x's dtype
+
+Why: at decode shapes a linear layer is weight streaming, and at batch 1 cuBLAS's GEMMs
+stream the S2-Pro layers at 50-80% of the H200's bandwidth (wo, 4096 -> 2560: 9.7 us
+against a 4.9 us floor), some through a split-K reduce launch of their own. A GEMV has no
+use for tensor cores at M <= 4: one program per (row of x, block of BLOCK_N weight rows)
+streams its [BLOCK_N, K] slab in [BLOCK_N, BLOCK_K] tiles into an fp32 accumulator of the
+tile's shape, elementwise (the one cross-thread reduction is at the end), so the loop is
+loads and FMAs. A batch's rows are neighbouring programs: the second row's slab comes
+from L2. Every row is summed by the same program shape at every M (the launch choice
+depends on the weight's shape only), so a row's output does not depend on its batch.
+
+e4m3 weights (the FP8 path) are dequantized in registers: a tile never straddles a
+128 x 128 scale block (BLOCK_N divides 128, BLOCK_K is a multiple of 128 or divides it),
+so the block scale multiplies x's slice instead of the tile. x is quantized first, to e4m3
+with one power-of-two scale per 1 x 128 group, the arithmetic of kernels/fp8_quant.py, so
+the FP8 path computes the same function here as in its GEMM at larger batches
+(`quantize_x=False` skips it: weight-only FP8, measured by latency_bench/gemv_bench.py).
+
+`swiglu=True` computes the MLP's silu(gate) * up while loading x (bf16 weights: the
+roundings of kernels/swiglu.py, silu rounded to x's dtype, then the product; e4m3: in
+fp32 before quantizing, as fp8_linear does), so the down projection takes the fused
+gate/up output directly: one launch, no [M, H] intermediate.
+
+`gemv_reference` is the same function in PyTorch (fp32 math).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.fp8_quant import (_interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
+                               quantize_act_reference, quantize_weight, swiglu_quant_reference)
+from kernels.gemv_configs import DEFAULT_CONFIG, TUNED, GemvConfig
+from kernels.selfcheck import mismatch
+
+MAX_M = 4  # rows one launch takes; above, callers use their GEMM
+SCALE_BLOCK = 128
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, stride_xm, stride_ym,
+    N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    W_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SOFT_ROUND: tl.constexpr,
+):
+    # one program per (row of x, block of weight rows); the rows of one weight block are
+    # neighbouring programs, so a batch's later rows find the block in L2
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    EVEN_N: tl.constexpr = N % BLOCK_N == 0
+    EVEN_K: tl.constexpr = K % BLOCK_K == 0
+    KB: tl.constexpr = (K + 127) // 128
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    w_rows = w_ptr + rn[:, None] * K
+    x_row = x_ptr + m * stride_xm
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        ks = k0 + rk
+        if EVEN_N and EVEN_K:
+            w = tl.load(w_rows + ks[None, :])
+        else:
+            w = tl.load(w_rows + ks[None, :], mask=(rn[:, None] < N) & (ks[None, :] < K), other=0.0)
+        if SWIGLU:
+            gate = tl.load(x_row + ks, mask=ks < K, other=0.0)
+            up = tl.load(x_row + K + ks, mask=ks < K, other=0.0)
+            g = gate.to(tl.float32)
+            if QUANT_X:  # the FP8 path's activation: fp32 throughout (kernels/fp8_quant.py)
+                x = g * tl.sigmoid(g) * up.to(tl.float32)
+            else:  # kernels/swiglu.py's roundings: silu, then the product, in x's dtype
+                act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+                x = (act * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+        else:
+            x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+        if QUANT_X:
+            # e4m3 with one power-of-two scale per 1 x 128 group, as fp8_linear quantizes
+            # (BLOCK_K is a multiple of 128): x = codes * scale exactly, kept in fp32
+            xg = tl.reshape(x, [BLOCK_K // 128, 128])
+            x_scale, x_inv = _pow2_scale(tl.max(tl.abs(xg), axis=1))
+            codes = _to_e4m3(xg * x_inv[:, None], SOFT_ROUND).to(tl.float32)
+            x = tl.reshape(codes * x_scale[:, None], [BLOCK_K])
+        if W_FP8:
+            # one row block per tile (BLOCK_N divides 128): scale x's slice by the blocks' scales
+            x = x * tl.load(s_ptr + (pid_n * BLOCK_N // 128) * KB + ks // 128, mask=ks < K, other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
+def gemv_config(n: int, k: int, fp8: bool) -> GemvConfig:
+    """The measured choice (kernels/gemv_configs.py), else the default. It does not depend
+    on M: a row's sums are the same at every batch size."""
+    return TUNED.get((n, k, "fp8" if fp8 else "bf16"), DEFAULT_CONFIG)
+
+
+def _check(x: Tensor, w: Tensor, w_scale: Tensor | None, bias: Tensor | None, swiglu: bool, quantize_x: bool,
+           config: GemvConfig) -> tuple[int, int, int]:
+    if x.ndim != 2 or w.ndim != 2:
+        raise ValueError(f"gemv takes x [M, K] and w [N, K], got {list(x.shape)} and {list(w.shape)}")
+    m, n, k = x.shape[0], w.shape[0], w.shape[1]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"gemv takes 1..{MAX_M} rows, got {m}")
+    if x.shape[1] != (2 * k if swiglu else k):
+        raise ValueError(f"x has {x.shape[1]} columns; w [N, K={k}] wants {2 * k if swiglu else k}"
+                         f"{' (gate | up)' if swiglu else ''}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
+    if x.stride(1) != 1:
+        raise ValueError("x must have unit stride along K")
+    if not w.is_contiguous():
+        raise ValueError("w must be contiguous [N, K]")
+    if w.dtype == torch.float8_e4m3fn:
+        nb, kb = -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK)
+        if w_scale is None or w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (nb, kb):
+            got = None if w_scale is None else f"{w_scale.dtype} {list(w_scale.shape)}"
+            raise ValueError(f"e4m3 weights need fp32 block scales [{nb}, {kb}], got {got}")
+        if (kb > 1 and w_scale.stride(1) != 1) or (nb > 1 and w_scale.stride(0) != kb):
+            # the kernel reads the scale of (row block r, group g) at w_scale + r * KB + g
+            raise ValueError(f"w_scale must be row-major [{nb}, {kb}], got strides {w_scale.stride()}")
+        if SCALE_BLOCK % config.block_n or (config.block_k % SCALE_BLOCK and SCALE_BLOCK % config.block_k):
+            raise ValueError(f"a tile must stay within one scale block: {config}")
+        if quantize_x and config.block_k % SCALE_BLOCK:
+            raise ValueError(f"quantizing x takes whole 128-wide groups per tile: {config}")
+    elif w.dtype != x.dtype:
+        raise ValueError(f"w must be x's dtype ({x.dtype}) or float8_e4m3fn, got {w.dtype}")
+    elif w_scale is not None or quantize_x:
+        raise ValueError("w_scale and quantize_x are for e4m3 weights only")
+    if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype != x.dtype or not bias.is_contiguous()):
+        raise ValueError(f"bias must be [{n}] contiguous in {x.dtype}")
+    return m, n, k
+
+
+def gemv(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | None = None,
+         swiglu: bool = False, quantize_x: bool | None = None, config: GemvConfig | None = None) -> Tensor:
+    """See the module docstring. `quantize_x` (e4m3 weights only, the default there): x
+    goes through e4m3 with one power-of-two scale per 1 x 128 group first, exactly as
+    fp8_linear quantizes it, so the FP8 path computes the same function at every batch
+    size (only the summation order differs); False multiplies x unquantized. One launch;
+    allocates only the output (CUDA-graph safe)."""
+    fp8 = w.dtype == torch.float8_e4m3fn
+    quantize_x = fp8 if quantize_x is None else quantize_x
+    config = config or gemv_config(w.shape[0], w.shape[-1], fp8)
+    m, n, k = _check(x, w, w_scale, bias, swiglu, quantize_x, config)
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    _gemv_kernel[(m, triton.cdiv(n, config.block_n))](
+        x, w, w_scale if fp8 else w, bias if bias is not None else w, y, x.stride(0), y.stride(0),
+        N=n, K=k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        NUM_STAGES=config.num_stages, W_FP8=fp8, QUANT_X=quantize_x, SWIGLU=swiglu, HAS_BIAS=bias is not None,
+        SOFT_ROUND=_interpreting(), num_warps=config.num_warps,
+    )
+    return y
+
+
+def gemv_reference(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | None = None,
+                   swiglu: bool = False, quantize_x: bool | None = None) -> Tensor:
+    """gemv in PyTorch: the same input roundings (and quantization), fp32 products and sums."""
+    fp8 = w.dtype == torch.float8_e4m3fn
+    quantize_x = fp8 if quantize_x is None else quantize_x
+    k = w.shape[1]
+    if quantize_x:
+        codes = swiglu_quant_reference(x[:, :k], x[:, k:]) if swiglu else quantize_act_reference(x)
+        xf = dequantize_act(*codes)
+    elif swiglu:
+        act = torch.nn.functional.silu(x[:, :k].float()).to(x.dtype).float()
+        xf = (act * x[:, k:].float()).to(x.dtype).float()
+    else:
+        xf = x.float()
+    wf = dequantize_weight(w, w_scale) if fp8 else w.float()
+    y = xf @ wf.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tuple[int, int]], fp8: bool = False) -> str | None:
+    """None if the kernel compiles here and matches its reference at each (N, K) for
+    M = 1..MAX_M (and with swiglu at the last shape), else why not."""
+    g = torch.Generator(device=device).manual_seed(0)
+    for i, (n, k) in enumerate(shapes):
+        for m in range(1, MAX_M + 1):
+            for swiglu in ([False, True] if i == len(shapes) - 1 else [False]):
+                x = torch.randn(m, 2 * k if swiglu else k, generator=g, device=device).to(dtype)
+                w = torch.randn(n, k, generator=g, device=device) / k**0.5
+                s = None
+                if fp8:
+                    w, s = quantize_weight(w)
+                else:
+                    w = w.to(dtype)
+                try:
+                    got = gemv(x, w, s, swiglu=swiglu)
+                except Exception as e:  # noqa: BLE001 - any failure means "use the GEMM"
+                    return f"gemv failed at M={m}, N={n}, K={k}: {type(e).__name__}: {str(e)[:200]}"
+                why = mismatch(f"gemv M={m} N={n} K={k} swiglu={swiglu}", got,
+                               gemv_reference(x, w, s, swiglu=swiglu), dtype)
+                if why:
+                    return why
+    return None

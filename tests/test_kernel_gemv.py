@@ -1,0 +1,191 @@
+"""kernels/gemv.py (the small-batch linear layer) against its PyTorch reference over odd
+shapes, its launcher's checks, and the engine's use of it (engine/small_batch.py): the
+same greedy frames with and without it. CPU under the Triton interpreter; GPU-marked
+tests at the S2-Pro shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.small_batch import GEMV_MAX_ROWS
+from kernels.fp8_gemm import fp8_linear_reference
+from kernels.fp8_quant import quantize_weight
+from kernels.gemv import MAX_M, GemvConfig, gemv, gemv_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32: summation order only; bf16: one output rounding (the interpreter also truncates
+# fp32 -> bf16, kernels/FP8_NOTES.md)
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+SMALL = GemvConfig(block_n=8, block_k=128, num_warps=4, num_stages=1)  # several tiles at test sizes
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def operands(m: int, n: int, k: int, dtype, fp8: bool, swiglu: bool = False, seed: int = 0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(m, 2 * k if swiglu else k, generator=g, device=DEVICE).to(dtype)
+    w = torch.randn(n, k, generator=g, device=DEVICE) / k**0.5
+    if fp8:
+        return (x, *quantize_weight(w))
+    return x, w.to(dtype), None
+
+
+def test_the_engine_and_the_kernel_agree_on_the_row_limit():
+    assert GEMV_MAX_ROWS == MAX_M
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["plain", "e4m3"])
+@pytest.mark.parametrize("m,n,k", [(1, 40, 300), (3, 24, 256), (4, 130, 384), (2, 8, 128)])
+def test_matches_the_reference_over_odd_shapes(m, n, k, fp8, dtype):
+    """N and K off the tiles (masked edges), K off the 128-wide scale groups, a partial
+    scale block, with and without a bias and the SwiGLU."""
+    for swiglu in (False, True):
+        x, w, s = operands(m, n, k, dtype, fp8, swiglu)
+        bias = torch.randn(n, device=DEVICE).to(dtype)
+        got = gemv(x, w, s, bias, swiglu=swiglu, config=SMALL)
+        assert got.shape == (m, n) and got.dtype == dtype
+        assert rel_err(got, gemv_reference(x, w, s, bias, swiglu=swiglu)) < TOL[dtype]
+
+
+def test_plain_weights_compute_the_linear_layer():
+    """Not only the reference: F.linear, and F.linear after kernels/swiglu.py's function."""
+    x, w, _ = operands(3, 72, 320, torch.float32, False, swiglu=True)
+    gate, up = x.chunk(2, dim=-1)
+    want = F.linear(F.silu(gate) * up, w)
+    assert rel_err(gemv(x, w, swiglu=True, config=SMALL), want) < 1e-5
+    assert rel_err(gemv(x[:, :320].contiguous(), w, config=SMALL), F.linear(x[:, :320], w)) < 1e-5
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_fp8_weights_compute_what_the_fp8_gemm_computes(swiglu):
+    """Activations quantized in the kernel as fp8_linear quantizes them: the same function
+    as the FP8 path's GEMM at larger batches (sums in another order only)."""
+    x, w, s = operands(4, 136, 384, torch.float32, True, swiglu)
+    want = fp8_linear_reference(x, w, s, swiglu=swiglu)
+    assert rel_err(gemv(x, w, s, swiglu=swiglu, config=SMALL), want) < 1e-5
+    # unquantized activations compute another function (W8A16): the flag is not a no-op
+    assert rel_err(gemv(x, w, s, swiglu=swiglu, quantize_x=False, config=SMALL), want) > 1e-3
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["plain", "e4m3"])
+def test_a_rows_output_does_not_depend_on_its_batch(fp8):
+    """Each row is summed by the same programs at every M: bit for bit equal alone."""
+    x, w, s = operands(4, 64, 512, torch.float32, fp8)
+    batched = gemv(x, w, s)
+    for i in range(4):
+        assert torch.equal(gemv(x[i : i + 1], w, s), batched[i : i + 1])
+    assert torch.equal(gemv(x[1:3], w, s), batched[1:3])
+
+
+def test_strided_rows_are_read_in_place():
+    x, w, _ = operands(3, 16, 256, torch.float32, False)
+    wide = torch.zeros(3, 400, device=DEVICE)
+    wide[:, 7:263] = x
+    assert torch.equal(gemv(wide[:, 7:263], w, config=SMALL), gemv(x, w, config=SMALL))
+
+
+def test_the_launcher_refuses_what_the_kernel_cannot_take():
+    x, w, _ = operands(2, 16, 256, torch.float32, False)
+    _, wq, ws = operands(2, 256, 256, torch.float32, True)
+    bad = [
+        (lambda: gemv(torch.zeros(0, 256, device=DEVICE), w), "rows"),
+        (lambda: gemv(torch.zeros(MAX_M + 1, 256, device=DEVICE), w), "rows"),
+        (lambda: gemv(x[:, :255], w), "columns"),
+        (lambda: gemv(x, w, swiglu=True), "gate"),
+        (lambda: gemv(x.t().contiguous().t(), w), "unit stride"),
+        (lambda: gemv(x, w.t().contiguous().t()), "contiguous"),
+        (lambda: gemv(x, w.bfloat16()), "dtype"),
+        (lambda: gemv(x.long(), w), "bf16, fp16 or fp32"),
+        (lambda: gemv(x, w, bias=torch.zeros(15, device=DEVICE)), "bias"),
+        (lambda: gemv(x, w, quantize_x=True), "e4m3 weights only"),
+        (lambda: gemv(x, wq), "block scales"),
+        (lambda: gemv(x, wq, ws.double()), "block scales"),
+        (lambda: gemv(x, wq, ws[:1]), "block scales"),
+        (lambda: gemv(x, wq, ws, config=GemvConfig(block_n=48)), "scale block"),
+        (lambda: gemv(x, wq, ws, config=GemvConfig(block_n=8, block_k=64)), "whole 128-wide groups"),
+    ]
+    for call, why in bad:
+        with pytest.raises(ValueError, match=why):
+            call()
+
+
+def test_a_wrong_scale_layout_is_refused_or_caught():
+    """The kernel reads scales row-major without strides (the seed's MXFP8 bug read them
+    with another stride): a column-major copy is refused; scale values transposed on a
+    square block grid pass every layout check, and the reference parity catches them."""
+    x, w, s = operands(2, 256, 256, torch.float32, True)
+    s = s * torch.tensor([[1.0, 8.0], [0.125, 2.0]], device=DEVICE)  # every block its own magnitude
+    with pytest.raises(ValueError, match="row-major"):
+        gemv(x, w, s.t().contiguous().t())
+    assert rel_err(gemv(x, w, s.t().contiguous()), gemv_reference(x, w, s)) > 0.3
+    assert rel_err(gemv(x, w, s), gemv_reference(x, w, s)) < 1e-5
+
+
+def frames_with_and_without_gemv(dtype=torch.float32, steps: int = 4) -> list[list[torch.Tensor]]:
+    from engine.bundle import load_bundle
+    from engine.runner import Runner
+    from engine.sampling import SamplingParams
+
+    out = []
+    for on in (False, True):
+        bundle = load_bundle("tiny", DEVICE, dtype)
+        runner = Runner(bundle, max_running=3, max_len=128, cuda_graphs=False, attention_kernel=DEVICE == "cuda",
+                        step_kernels=True, gemv=on)
+        assert runner.gemv is on
+        prompt = bundle.prompts.segment("Hello there.")
+        frames = []
+        for slot in range(3):
+            frames.append(runner.prefill_segment(slot, 8 * slot, prompt, SamplingParams(temperature=0.0, seed=slot)))
+        for _ in range(steps):
+            frames.append(runner.read(runner.launch([0, 1, 2], 64)))
+            frames.append(runner.read(runner.launch([1], 64)))  # a batch of one too
+        out.append([torch.as_tensor(f) for f in frames])
+    return out
+
+
+def test_the_engine_gives_the_same_greedy_frames_with_the_gemv():
+    """Every linear layer of both transformers, the heads and the MLP's down projection
+    with its SwiGLU inside, in prefill (more rows: the GEMMs) and decode (1-3 rows)."""
+    without, with_gemv = frames_with_and_without_gemv()
+    assert len(without) == len(with_gemv)
+    for a, b in zip(without, with_gemv):
+        assert torch.equal(a, b)
+
+
+def test_use_gemv_routes_every_layer_and_turns_off():
+    from engine.bundle import load_bundle
+    from engine.layers import FeedForward
+    from engine.small_batch import GemvLinear, use_gemv_
+
+    model = load_bundle("tiny", "cpu", torch.float32).model
+    for block in [*model.layers, *model.fast_layers]:
+        block.feed_forward.fuse_gate_up_()
+    use_gemv_(model, 4)
+    routed = [m for m in model.modules() if isinstance(m, GemvLinear)]
+    blocks = len(model.layers) + len(model.fast_layers)
+    assert len(routed) == 4 * blocks + 1 + hasattr(model, "fast_project_in")  # + fast_output
+    assert model.gemv_rows == 4
+    assert all(isinstance(b.feed_forward, FeedForward) and b.feed_forward.w2.max_rows == 4
+               for b in [*model.layers, *model.fast_layers])
+    use_gemv_(model, 0)
+    assert model.gemv_rows == 0 and all(m.max_rows == 0 for m in routed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "e4m3"])
+def test_gpu_s2_pro_shapes_match_the_reference(fp8):
+    from kernels.gemv import self_check
+
+    shapes = [(6144, 2560), (2560, 4096), (19456, 2560), (4096, 2560), (2560, 9728)]
+    assert self_check("cuda", torch.bfloat16, shapes, fp8=fp8) is None
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_gemv_is_cublas_within_rounding():
+    x, w, _ = operands(4, 6144, 2560, torch.bfloat16, False)
+    assert rel_err(gemv(x, w), F.linear(x, w)) < 4e-3
