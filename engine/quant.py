@@ -32,7 +32,6 @@ import torch
 from torch import Tensor, nn
 
 from engine.layers import Attention, FeedForward, TransformerBlock
-from engine.small_batch import gemv_rows
 
 
 def _linear(kernel: bool):
@@ -59,7 +58,6 @@ class FP8Linear(nn.Module):
         self.register_buffer("weight_scale", weight_scale)  # [cdiv(N, 128), cdiv(K, 128)] fp32
         self.register_buffer("bias", bias)
         self.kernel = kernel
-        self.gemv_rows = 0  # engine/small_batch.py use_gemv_: up to this many rows through kernels/gemv.py
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kernel: bool = True) -> "FP8Linear":
@@ -69,11 +67,6 @@ class FP8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        if self.kernel and gemv_rows(x2, self.gemv_rows):
-            from kernels.gemv import gemv
-
-            y = gemv(x2 if x2.stride(1) == 1 else x2.contiguous(), self.weight_q, self.weight_scale, self.bias)
-            return y.view(*x.shape[:-1], self.out_features)
         y = _linear(self.kernel)(x2, self.weight_q, self.weight_scale, x.dtype)
         if self.bias is not None:
             y = y + self.bias
@@ -92,7 +85,6 @@ class FP8FeedForward(nn.Module):
         self.hidden = w13.out_features // 2
         self.w13, self.w2 = w13, w2
         self.kernel = kernel
-        self.gemv_rows = 0  # engine/small_batch.py use_gemv_
 
     @classmethod
     def from_feed_forward(cls, ff: FeedForward, kernel: bool = True) -> "FP8FeedForward":
@@ -105,14 +97,8 @@ class FP8FeedForward(nn.Module):
     def forward(self, x: Tensor, kernel: bool = False) -> Tensor:
         """`kernel` is FeedForward's switch for its bf16 SwiGLU kernel (the decode step's
         kernel path passes it); here the activation is always fused into w2's GEMM."""
-        x2 = x.reshape(-1, x.shape[-1])  # [M, D]
-        if self.kernel and gemv_rows(x2, self.gemv_rows):
-            from kernels.gemv import gemv
-
-            gu = gemv(x2 if x2.stride(1) == 1 else x2.contiguous(), self.w13.weight_q, self.w13.weight_scale)
-            y = gemv(gu, self.w2.weight_q, self.w2.weight_scale, swiglu=True)
-            return y.view(*x.shape[:-1], y.shape[-1])
         linear = _linear(self.kernel)
+        x2 = x.reshape(-1, x.shape[-1])  # [M, D]
         gu = linear(x2, self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]: gate | up
         y = linear(gu, self.w2.weight_q, self.w2.weight_scale, x.dtype, swiglu=True)
         return y.view(*x.shape[:-1], y.shape[-1])

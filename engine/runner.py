@@ -234,17 +234,17 @@ class Runner:
         return why is None
 
     def _gemv_ok(self) -> bool:
-        """On a GPU, decode steps of 1-4 streams run every linear layer and the sampling
-        head through the GEMV kernel (engine/small_batch.py), once it has compiled and
+        """On a GPU, decode steps of 1-4 streams run the linear layers and the sampling
+        heads through the GEMV kernel (engine/small_batch.py), once it has compiled and
         matched its reference here at the model's shapes; elsewhere, or if it did not, the
         GEMMs."""
-        if not self.cuda:
+        from engine.quant import is_quantized
+
+        if not self.cuda or is_quantized(self.model):  # FP8 models stay on their GEMMs (engine/small_batch.py says why)
             return False
         from kernels.gemv import self_check
 
-        plain, fp8 = gemv_shapes(self.model)
-        why = (self_check(self.device, self.dtype, plain) if plain else None) or (
-            self_check(self.device, self.dtype, fp8, fp8=True) if fp8 else None)
+        why = self_check(self.device, self.dtype, gemv_shapes(self.model))
         if why is not None:
             log.warning("small-batch GEMV off (GEMMs instead): %s", why)
         return why is None

@@ -6,12 +6,16 @@ passes plus the heads, and that streaming is most of its time. `use_gemv_(model,
 routes every such layer through the GEMV when its input has at most `rows` rows, and
 through its GEMM (cuBLAS, or the FP8 GEMM) above:
 
-- bf16/fp16/fp32 weights: each block's wqkv, wo, w13 and w2, the fast transformer's
-  `fast_output` and `fast_project_in` become `GemvLinear` (the same parameters, no copy);
-  w2 then takes the fused gate/up output with the SwiGLU inside (FeedForward.forward).
-- FP8 weights (engine/quant.py): FP8Linear / FP8FeedForward call the GEMV on their e4m3
-  codes and block scales, activations quantized in it as their GEMM quantizes them.
-- the slow model's sampling head (`head_weight`, the semantic rows) likewise.
+- each block's wqkv, wo and w13 (the stacked gate/up), and w2 with the SwiGLU inside
+  (it takes the fused gate/up output: FeedForward.forward), become `GemvLinear` (the same
+  parameters, no copy); so do the fast transformer's `fast_output` and `fast_project_in`;
+- the slow model's sampling head (`head_weight`, the semantic rows) reads the GEMV too.
+
+FP8 layers (engine/quant.py) stay on the block-scaled FP8 GEMM at every batch. The GEMV
+takes e4m3 weights (kernels/gemv.py), but measured at M = 1 on an H200 it only wins on
+wqkv and wo (latency_bench/gemv_bench.py), and a stream alone would then sum its rows
+differently from the same stream batched, where the FP8 GEMM keeps one K split up to 16
+rows so that it does not (kernels/fp8_configs.py).
 
 The switch is per module attribute and branches on shapes only, so a CUDA graph
 captured per batch bucket replays the path it captured. `use_gemv_(model, 0)` turns it
@@ -23,7 +27,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.layers import TransformerBlock
+from engine.layers import FeedForward
 
 GEMV_MAX_ROWS = 4  # kernels/gemv.py MAX_M (this module imports no Triton; a test holds them equal)
 
@@ -73,47 +77,34 @@ def _swap(owner: nn.Module, name: str, max_rows: int) -> None:
 def use_gemv_(model: nn.Module, max_rows: int) -> nn.Module:
     """Route the model's decode-sized linear layers through the GEMV up to `max_rows`
     rows (0: never). In place; shares every weight; call before capturing graphs."""
-    from engine.quant import FP8FeedForward, FP8Linear
-
-    blocks: list[TransformerBlock] = [*model.layers, *model.fast_layers]
-    for block in blocks:
-        _swap(block.attention, "wqkv", max_rows)
+    for block in [*model.layers, *model.fast_layers]:
+        _swap(block.attention, "wqkv", max_rows)  # FP8Linear is no nn.Linear: left on its GEMM
         _swap(block.attention, "wo", max_rows)
         ff = block.feed_forward
-        if isinstance(ff, FP8FeedForward):
-            ff.gemv_rows = max_rows
-        elif getattr(ff, "fused", False):  # the swiglu-in form needs the stacked gate/up
+        if isinstance(ff, FeedForward) and ff.fused:  # the SwiGLU-inside form needs the stacked gate/up
             _swap(ff, "w13", max_rows)
             _swap(ff, "w2", max_rows)
-    for mod in model.modules():
-        if isinstance(mod, FP8Linear):
-            mod.gemv_rows = max_rows
     _swap(model, "fast_output", max_rows)
     _swap(model, "fast_project_in", max_rows)
     model.gemv_rows = max_rows  # the sampling head (DualARModel._head)
     return model
 
 
-def gemv_shapes(model: nn.Module) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(N, K) of the layers use_gemv_ routes: (unquantized, e4m3); each list ends with a
-    down projection's, the one the GEMV runs with the SwiGLU inside."""
-    from engine.quant import FP8FeedForward
-
-    plain, fp8 = set(), set()
-    downs_plain, downs_fp8 = set(), set()
+def gemv_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """(N, K) of the layers use_gemv_ routes, a down projection's last (the GEMV runs it
+    with the SwiGLU inside: kernels/gemv.py self_check tests that form at the last shape)."""
+    shapes, downs = set(), set()
     for block in [*model.layers, *model.fast_layers]:
         for lin in (block.attention.wqkv, block.attention.wo):
-            (fp8 if hasattr(lin, "weight_q") else plain).add((lin.out_features, lin.in_features))
+            if isinstance(lin, nn.Linear):
+                shapes.add(tuple(lin.weight.shape))
         ff = block.feed_forward
-        if isinstance(ff, FP8FeedForward):
-            fp8.add((ff.w13.out_features, ff.w13.in_features))
-            downs_fp8.add((ff.w2.out_features, ff.w2.in_features))
-        elif getattr(ff, "fused", False):
-            plain.add(tuple(ff.w13.weight.shape))
-            downs_plain.add(tuple(ff.w2.weight.shape))
+        if isinstance(ff, FeedForward) and ff.fused:
+            shapes.add(tuple(ff.w13.weight.shape))
+            downs.add(tuple(ff.w2.weight.shape))
     for name in ("fast_output", "fast_project_in"):
         if isinstance(getattr(model, name, None), nn.Linear):
-            plain.add(tuple(getattr(model, name).weight.shape))
+            shapes.add(tuple(getattr(model, name).weight.shape))
     if getattr(model, "head_weight", None) is not None:
-        plain.add(tuple(model.head_weight.shape))
-    return (sorted(plain - downs_plain) + sorted(downs_plain), sorted(fp8 - downs_fp8) + sorted(downs_fp8))
+        shapes.add(tuple(model.head_weight.shape))
+    return sorted(shapes - downs) + sorted(downs)

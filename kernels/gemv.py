@@ -10,12 +10,12 @@
 Why: at decode shapes a linear layer is weight streaming, and at batch 1 cuBLAS's GEMMs
 stream the S2-Pro layers at 50-80% of the H200's bandwidth (wo, 4096 -> 2560: 9.7 us
 against a 4.9 us floor), some through a split-K reduce launch of their own. A GEMV has no
-use for tensor cores at M <= 4: one program per (row of x, block of BLOCK_N weight rows)
-streams its [BLOCK_N, K] slab in [BLOCK_N, BLOCK_K] tiles into an fp32 accumulator of the
-tile's shape, elementwise (the one cross-thread reduction is at the end), so the loop is
-loads and FMAs. A batch's rows are neighbouring programs: the second row's slab comes
-from L2. Every row is summed by the same program shape at every M (the launch choice
-depends on the weight's shape only), so a row's output does not depend on its batch.
+use for tensor cores at M <= 4: one program per block of BLOCK_N weight rows streams its
+[BLOCK_N, K] slab once, in [BLOCK_N, BLOCK_K] tiles, and multiplies each tile into one fp32
+accumulator of the tile's shape per row of x, elementwise (the one cross-thread reduction
+is at the end), so the loop is loads and FMAs. Each row's accumulator sees the same
+operations in the same order whatever M is (the launch choice depends on the weight's
+shape only), so a row's output does not depend on its batch.
 
 e4m3 weights (the FP8 path) are dequantized in registers: a tile never straddles a
 128 x 128 scale block (BLOCK_N divides 128, BLOCK_K is a multiple of 128 or divides it),
@@ -49,56 +49,89 @@ SCALE_BLOCK = 128
 
 
 @triton.jit
+def _x_slice(x_row, s_ptr, ks, pid_n, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             W_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """One row's x[ks] in fp32, as the weight tile multiplies it: the SwiGLU applied,
+    quantized, and times the weight blocks' scales."""
+    if SWIGLU:
+        gate = tl.load(x_row + ks, mask=ks < K, other=0.0)
+        up = tl.load(x_row + K + ks, mask=ks < K, other=0.0)
+        g = gate.to(tl.float32)
+        if QUANT_X:  # the FP8 path's activation: fp32 throughout (kernels/fp8_quant.py)
+            x = g * tl.sigmoid(g) * up.to(tl.float32)
+        else:  # kernels/swiglu.py's roundings: silu, then the product, in x's dtype
+            act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+            x = (act * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+    else:
+        x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+    if QUANT_X:
+        # e4m3 with one power-of-two scale per 1 x 128 group, as fp8_linear quantizes
+        # (BLOCK_K is a multiple of 128): x = codes * scale exactly, kept in fp32
+        xg = tl.reshape(x, [BLOCK_K // 128, 128])
+        x_scale, x_inv = _pow2_scale(tl.max(tl.abs(xg), axis=1))
+        codes = _to_e4m3(xg * x_inv[:, None], SOFT_ROUND).to(tl.float32)
+        x = tl.reshape(codes * x_scale[:, None], [BLOCK_K])
+    if W_FP8:
+        # one row block per tile (BLOCK_N divides 128): scale x's slice by the blocks' scales
+        KB: tl.constexpr = (K + 127) // 128
+        x = x * tl.load(s_ptr + (pid_n * BLOCK_N // 128) * KB + ks // 128, mask=ks < K, other=0.0)
+    return x
+
+
+@triton.jit
+def _row_out(acc, b_ptr, y_row, rn, N: tl.constexpr, HAS_BIAS: tl.constexpr):
+    y = tl.sum(acc, axis=1)  # [BLOCK_N]: the one cross-thread reduction
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    tl.store(y_row + rn, y.to(y_row.dtype.element_ty), mask=rn < N)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, stride_xm, stride_ym,
-    N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-    W_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SOFT_ROUND: tl.constexpr,
+    ROWS: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr, W_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
-    # one program per (row of x, block of weight rows); the rows of one weight block are
-    # neighbouring programs, so a batch's later rows find the block in L2
-    m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # one program per block of BLOCK_N weight rows, for all ROWS (1..4) rows of x: the
+    # tile is loaded once and multiplied into one accumulator per row. Each row's
+    # accumulator sees the same operations in the same order at every ROWS, so a row's
+    # output does not depend on its batch.
+    pid_n = tl.program_id(0)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     EVEN_N: tl.constexpr = N % BLOCK_N == 0
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
-    KB: tl.constexpr = (K + 127) // 128
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     w_rows = w_ptr + rn[:, None] * K
-    x_row = x_ptr + m * stride_xm
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         ks = k0 + rk
         if EVEN_N and EVEN_K:
             w = tl.load(w_rows + ks[None, :])
         else:
             w = tl.load(w_rows + ks[None, :], mask=(rn[:, None] < N) & (ks[None, :] < K), other=0.0)
-        if SWIGLU:
-            gate = tl.load(x_row + ks, mask=ks < K, other=0.0)
-            up = tl.load(x_row + K + ks, mask=ks < K, other=0.0)
-            g = gate.to(tl.float32)
-            if QUANT_X:  # the FP8 path's activation: fp32 throughout (kernels/fp8_quant.py)
-                x = g * tl.sigmoid(g) * up.to(tl.float32)
-            else:  # kernels/swiglu.py's roundings: silu, then the product, in x's dtype
-                act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-                x = (act * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
-        else:
-            x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
-        if QUANT_X:
-            # e4m3 with one power-of-two scale per 1 x 128 group, as fp8_linear quantizes
-            # (BLOCK_K is a multiple of 128): x = codes * scale exactly, kept in fp32
-            xg = tl.reshape(x, [BLOCK_K // 128, 128])
-            x_scale, x_inv = _pow2_scale(tl.max(tl.abs(xg), axis=1))
-            codes = _to_e4m3(xg * x_inv[:, None], SOFT_ROUND).to(tl.float32)
-            x = tl.reshape(codes * x_scale[:, None], [BLOCK_K])
-        if W_FP8:
-            # one row block per tile (BLOCK_N divides 128): scale x's slice by the blocks' scales
-            x = x * tl.load(s_ptr + (pid_n * BLOCK_N // 128) * KB + ks // 128, mask=ks < K, other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, axis=1)  # [BLOCK_N]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * stride_ym + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+        w = w.to(tl.float32)
+        x = _x_slice(x_ptr, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+        acc0 += w * x[None, :]
+        if ROWS > 1:
+            x = _x_slice(x_ptr + stride_xm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+            acc1 += w * x[None, :]
+        if ROWS > 2:
+            x = _x_slice(x_ptr + 2 * stride_xm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+            acc2 += w * x[None, :]
+        if ROWS > 3:
+            x = _x_slice(x_ptr + 3 * stride_xm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+            acc3 += w * x[None, :]
+    _row_out(acc0, b_ptr, y_ptr, rn, N, HAS_BIAS)
+    if ROWS > 1:
+        _row_out(acc1, b_ptr, y_ptr + stride_ym, rn, N, HAS_BIAS)
+    if ROWS > 2:
+        _row_out(acc2, b_ptr, y_ptr + 2 * stride_ym, rn, N, HAS_BIAS)
+    if ROWS > 3:
+        _row_out(acc3, b_ptr, y_ptr + 3 * stride_ym, rn, N, HAS_BIAS)
 
 
 def gemv_config(n: int, k: int, fp8: bool) -> GemvConfig:
@@ -156,9 +189,9 @@ def gemv(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | Non
     config = config or gemv_config(w.shape[0], w.shape[-1], fp8)
     m, n, k = _check(x, w, w_scale, bias, swiglu, quantize_x, config)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    _gemv_kernel[(m, triton.cdiv(n, config.block_n))](
+    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, w, w_scale if fp8 else w, bias if bias is not None else w, y, x.stride(0), y.stride(0),
-        N=n, K=k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        ROWS=m, N=n, K=k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, W_FP8=fp8, QUANT_X=quantize_x, SWIGLU=swiglu, HAS_BIAS=bias is not None,
         SOFT_ROUND=_interpreting(), num_warps=config.num_warps,
     )

@@ -22,6 +22,14 @@ class GemvConfig:
 
 DEFAULT_CONFIG = GemvConfig()
 
-TUNED_ON = 'not yet measured'
+TUNED_ON = 'NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-12-03, M = 1 (latency_bench.gemv_bench --sweep)'
 TUNED: dict[tuple[int, int, str], GemvConfig] = {
+    (6144, 2560, 'bf16'): GemvConfig(4, 512, 4, 1),  # wqkv, 9.41 us
+    (6144, 2560, 'fp8'): GemvConfig(4, 512, 2, 1),  # wqkv, 6.99 us
+    (2560, 4096, 'bf16'): GemvConfig(2, 1024, 2, 1),  # wo, 7.22 us
+    (2560, 4096, 'fp8'): GemvConfig(4, 1024, 4, 1),  # wo, 5.79 us
+    (2560, 9728, 'bf16'): GemvConfig(4, 1024, 4, 2),  # w2, 15.74 us
+    (2560, 9728, 'fp8'): GemvConfig(8, 1024, 4, 1),  # w2, 14.45 us
+    (19456, 2560, 'bf16'): GemvConfig(4, 512, 4, 1),  # w13, 25.27 us
+    (19456, 2560, 'fp8'): GemvConfig(4, 512, 2, 1),  # w13, 17.28 us
 }

@@ -8,8 +8,9 @@ Per S2-Pro linear shape (the fast transformer's layers have the same widths) and
   the block-scaled FP8 GEMM (kernels/fp8_gemm.py `fp8_linear`, the FP8 path's kernel) and
   the GEMV on unquantized activations (W8A16).
 Then the whole MLP block at M = 1 (w13, then w2 with the SwiGLU inside; issue 7's target
-<= 26 us). `--sweep` first times every launch choice and prints the `TUNED` table of
-kernels/gemv.py; without it the table's choices run.
+<= 26 us). `--sweep` first times every launch choice at M = 1 and 4 (`--sweep-m`), keeps per shape the
+one with the least summed time, and prints the `TUNED` table of kernels/gemv_configs.py
+(`--write-configs` writes it there); without it the table's choices run.
 
     python -m latency_bench.gemv_bench --sweep --out out/gemv     # H200: compile + time, ~3 min
     python -m latency_bench.gemv_bench --out out/gemv             # the tuned choices only
@@ -117,14 +118,16 @@ def checked_time(timer: Timer, fns: list, expected: torch.Tensor) -> float:
         return float("nan")
 
 
-def _compile_jobs(jobs: list) -> int:
+def _compile_jobs(args: tuple) -> int:
     """Compile (and run once) each (shape, fp8, cfg) on the GPU; returns the count done."""
+    jobs, ms = args
     device = torch.device("cuda")
     done = 0
     for shape, fp8, cfg in jobs:
         w = make_weights(shape, 1, device)
         try:
-            gemv_calls(w, make_x(shape, 1, device), fp8, is_down(shape), cfg)[0]()
+            for m in ms:
+                gemv_calls(w, make_x(shape, m, device), fp8, is_down(shape), cfg)[0]()
             done += 1
         except Exception:  # noqa: BLE001 - reported when timed
             pass
@@ -132,7 +135,7 @@ def _compile_jobs(jobs: list) -> int:
     return done
 
 
-def precompile(jobs: list, workers: int) -> None:
+def precompile(jobs: list, ms: list[int], workers: int) -> None:
     """Triton's on-disk cache then serves the timing process (a sweep compiles hundreds of
     variants; one after another they would not fit a device call)."""
     import multiprocessing as mp
@@ -140,34 +143,38 @@ def precompile(jobs: list, workers: int) -> None:
     t0 = time.perf_counter()
     chunks = [jobs[i::workers] for i in range(workers)]
     with mp.get_context("spawn").Pool(workers) as pool:
-        done = sum(pool.map(_compile_jobs, [c for c in chunks if c]))
+        done = sum(pool.map(_compile_jobs, [(c, ms) for c in chunks if c]))
     print(f"compiled {done}/{len(jobs)} variants in {time.perf_counter() - t0:.0f} s ({workers} processes)", flush=True)
 
 
-def sweep(timer: Timer, shapes: list[Shape], kinds: list[bool], smoke: bool, jobs: int) -> list[dict]:
-    """Every launch choice at M = 1 (the decode step at c=1; the choice serves every M)."""
+def sweep(timer: Timer, shapes: list[Shape], ms: list[int], kinds: list[bool], smoke: bool, jobs: int) -> list[dict]:
+    """Every launch choice at each M of `ms`; the best is the one with the least time summed
+    over them (one choice per weight shape serves every M, so that a row's sums do not
+    depend on its batch)."""
     device = timer.device
-    m = 1
     plan = [(s, fp8, c) for s in shapes for fp8 in kinds for c in candidates(smoke)
             if not (fp8 and (128 % c.block_n or c.block_k % 128))]
     if device.type == "cuda" and jobs > 1:
-        precompile(plan, jobs)
+        precompile(plan, ms, jobs)
     rows = []
     for shape in shapes:
         weights = make_weights(shape, copies_for(2 * shape.n * shape.k, smoke), device)
-        x = make_x(shape, m, device)
+        xs = {m: make_x(shape, m, device) for m in ms}
         for fp8 in kinds:
-            expected = reference(x, weights[0], fp8, is_down(shape))
+            expected = {m: reference(x, weights[0], fp8, is_down(shape)) for m, x in xs.items()}
             times = []
             for s, f, cfg in plan:
                 if s == shape and f == fp8:
-                    times.append((checked_time(timer, gemv_calls(weights, x, fp8, is_down(shape), cfg), expected), cfg))
+                    per_m = {m: checked_time(timer, gemv_calls(weights, x, fp8, is_down(shape), cfg), expected[m])
+                             for m, x in xs.items()}
+                    times.append((sum(per_m.values()), per_m, cfg))
             ok = [t for t in times if t[0] == t[0]]
-            best_us, best = min(ok, key=lambda t: t[0]) if ok else (float("nan"), None)
-            rows.append({"shape": shape.name, "n": shape.n, "k": shape.k, "m": m, "kind": "fp8" if fp8 else "bf16",
-                         "best_us": best_us, "best": dataclasses.asdict(best) if best else None,
-                         "top5": [(t, dataclasses.asdict(c)) for t, c in sorted(ok, key=lambda t: t[0])[:5]]})
-            print(f"  {shape.name:5} M={m} {rows[-1]['kind']:4}: best {best_us:7.2f} us {best}", flush=True)
+            best_sum, best_per_m, best = min(ok, key=lambda t: t[0]) if ok else (float("nan"), {}, None)
+            rows.append({"shape": shape.name, "n": shape.n, "k": shape.k, "ms": ms, "kind": "fp8" if fp8 else "bf16",
+                         "best_us": best_per_m, "best": dataclasses.asdict(best) if best else None,
+                         "top5": [(per_m, dataclasses.asdict(c)) for _, per_m, c in sorted(ok, key=lambda t: t[0])[:5]]})
+            said = ", ".join(f"M={m} {t:.2f}" for m, t in best_per_m.items())
+            print(f"  {shape.name:5} {rows[-1]['kind']:4}: best {said} us {best}", flush=True)
         del weights
     return rows
 
@@ -178,7 +185,8 @@ def tuned_table(rows: list[dict]) -> str:
         if r["best"]:
             b = r["best"]
             lines.append(f"    ({r['n']}, {r['k']}, {r['kind']!r}): GemvConfig({b['block_n']}, {b['block_k']}, "
-                         f"{b['num_warps']}, {b['num_stages']}),  # {r['shape']}, {r['best_us']:.2f} us")
+                         f"{b['num_warps']}, {b['num_stages']}),  # {r['shape']}, "
+                         + ", ".join(f"M={m} {t:.2f}" for m, t in r["best_us"].items()) + " us")
     lines.append("}")
     return "\n".join(lines)
 
@@ -259,7 +267,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.gemv_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="time every launch choice first; print the TUNED table")
-    p.add_argument("--m", default=",".join(map(str, SWEEP_MS)))
+    p.add_argument("--m", default=",".join(map(str, SWEEP_MS)), help="batch sizes of the comparison")
+    p.add_argument("--sweep-m", default="1,4", help="batch sizes the sweep sums its times over")
     p.add_argument("--kinds", default="bf16,fp8")
     p.add_argument("--jobs", type=int, default=14, help="compile processes for --sweep")
     p.add_argument("--replays", type=int, default=10)
@@ -277,7 +286,7 @@ def main(argv=None) -> int:
     results: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
                      "torch": torch.__version__, "smoke": a.smoke}
     if a.sweep:
-        rows = sweep(timer, shapes, kinds, a.smoke, a.jobs)
+        rows = sweep(timer, shapes, [int(v) for v in a.sweep_m.split(",")], kinds, a.smoke, a.jobs)
         results["sweep"] = rows
         table = tuned_table(rows)
         print(table)

@@ -360,8 +360,8 @@ gemv)
     # launch sweep written into kernels/gemv_configs.py (returned in $OUT), the kernel
     # against cuBLAS / the FP8 GEMM, then the engine step with and without it, bf16 (~9 min)
     timeout 200 python3 -m pytest -q --tb=short tests/test_kernel_gemv.py tests/test_gpu.py tests/test_step_kernels.py \
-        2>&1 | grep -v "^  \|Warning\|warn" | tail -30 | tee "$out/gpu_tests.log"
-    timeout 300 python3 -m latency_bench.gemv_bench --sweep --write-configs --out "$out" 2>&1 | grep -v "^    (" \
+        > "$out/gpu_tests.log" 2>&1; grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -12
+    timeout 300 python3 -m latency_bench.gemv_bench --sweep --write-configs --out "$out" 2>&1 | grep -v "^    ([A-Z]" \
         | tee "$out/gemv_bench.log"
     cp kernels/gemv_configs.py "$out/"
     timeout 200 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,2,4,8,16,64 --skip-eager \
