@@ -84,7 +84,7 @@ class EngineConfig:
     # 46 ms at 21.5 frames/s) then has its second behind it before it has played out.
     # Off in the naive baseline.
     prefill_second_frame: bool = True
-    # Decode steps of 1-4 streams run their linear layers through the GEMV kernel
+    # Decode steps of one stream run their linear layers through the GEMV kernel
     # (engine/small_batch.py) on a GPU where it matches its reference; False: the GEMMs
     # at every batch (an A/B baseline). Off in the naive baseline.
     gemv: bool = True

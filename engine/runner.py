@@ -234,7 +234,7 @@ class Runner:
         return why is None
 
     def _gemv_ok(self) -> bool:
-        """On a GPU, decode steps of 1-4 streams run the linear layers and the sampling
+        """On a GPU, decode steps of one stream run the linear layers and the sampling
         heads through the GEMV kernel (engine/small_batch.py), once it has compiled and
         matched its reference here at the model's shapes; elsewhere, or if it did not, the
         GEMMs."""

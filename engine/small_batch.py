@@ -1,8 +1,8 @@
 """Decode-sized linear layers through the GEMV kernel (kernels/gemv.py).
 
-A decode step at low concurrency multiplies 1-4 rows by every weight of both
-transformers: the S2-Pro frame step streams ~7.7 GB of bf16 weights through 76 layer
-passes plus the heads, and that streaming is most of its time. `use_gemv_(model, rows)`
+A decode step of one stream multiplies one row by every weight of both transformers:
+the S2-Pro frame step streams ~7.7 GB of bf16 weights through 76 layer passes plus the
+heads, and that streaming is most of its time. `use_gemv_(model, rows)`
 routes every such layer through the GEMV when its input has at most `rows` rows, and
 through its GEMM (cuBLAS, or the FP8 GEMM) above:
 
@@ -29,7 +29,12 @@ from torch import Tensor, nn
 
 from engine.layers import FeedForward
 
-GEMV_MAX_ROWS = 4  # kernels/gemv.py MAX_M (this module imports no Triton; a test holds them equal)
+# The engine routes single rows only. The kernel takes up to kernels/gemv.py MAX_M = 4,
+# but measured on an H200 (latency_bench.engine_bench --gemv-baseline, s2-pro, bf16) the
+# step is 1.20x faster at batch 1 and slower at 2 (0.94x) and 4 (0.69x) than on cuBLAS:
+# a row more costs the GEMV a whole pass of FMAs and x's processing per weight tile,
+# cuBLAS's tensor cores next to nothing. (This module imports no Triton.)
+GEMV_MAX_ROWS = 1
 
 
 def gemv_rows(x: Tensor, max_rows: int) -> int:

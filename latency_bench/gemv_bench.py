@@ -8,8 +8,8 @@ Per S2-Pro linear shape (the fast transformer's layers have the same widths) and
   the block-scaled FP8 GEMM (kernels/fp8_gemm.py `fp8_linear`, the FP8 path's kernel) and
   the GEMV on unquantized activations (W8A16).
 Then the whole MLP block at M = 1 (w13, then w2 with the SwiGLU inside; issue 7's target
-<= 26 us). `--sweep` first times every launch choice at M = 1 and 4 (`--sweep-m`), keeps per shape the
-one with the least summed time, and prints the `TUNED` table of kernels/gemv_configs.py
+<= 26 us). `--sweep` first times every launch choice at M = 1 (`--sweep-m 1,4`: summed over those),
+keeps per shape the fastest, and prints the `TUNED` table of kernels/gemv_configs.py
 (`--write-configs` writes it there); without it the table's choices run.
 
     python -m latency_bench.gemv_bench --sweep --out out/gemv     # H200: compile + time, ~3 min
@@ -268,7 +268,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="time every launch choice first; print the TUNED table")
     p.add_argument("--m", default=",".join(map(str, SWEEP_MS)), help="batch sizes of the comparison")
-    p.add_argument("--sweep-m", default="1,4", help="batch sizes the sweep sums its times over")
+    p.add_argument("--sweep-m", default="1", help="batch sizes the sweep sums its times over (the engine "
+                   "routes single rows: engine/small_batch.py)")
     p.add_argument("--kinds", default="bf16,fp8")
     p.add_argument("--jobs", type=int, default=14, help="compile processes for --sweep")
     p.add_argument("--replays", type=int, default=10)

@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                         "instead of one small step on the prefill thread: an A/B baseline")
     p.add_argument("--no-gemv", dest="gemv", action="store_false",
                    help="run every linear layer on its GEMM at every batch size instead of the small-batch GEMV "
-                        "kernel at 1-4 streams (an A/B baseline)")
+                        "kernel when one stream decodes (an A/B baseline)")
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")

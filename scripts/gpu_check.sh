@@ -50,7 +50,7 @@ cat "$out/gpu.txt"
 gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py
            tests/test_kernel_add_rms_norm.py tests/test_kernel_swiglu.py tests/test_kernel_fast_attention.py tests/test_step_kernels.py
            tests/test_kernel_snake.py tests/test_kernel_snake_train.py tests/test_kernel_sample.py tests/test_kernel_conv_state.py
-           tests/test_kernel_residual.py)
+           tests/test_kernel_residual.py tests/test_kernel_gemv.py)
 fp8_tests=(tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py)
 # random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)

@@ -314,8 +314,11 @@ def check_second_frame_equals_decode_step(bundle, **runner_args) -> None:
             assert torch.equal(getattr(runner, name)[slot], getattr(reference, name)[slot]), (slot, name)
         assert int(runner.positions[slot]) == ends[slot] + 1 and int(runner.frame_index[slot]) == 2
         n = ends[slot] + 1
-        torch.testing.assert_close(runner.kv.k[:, slot, :n], reference.kv.k[:, slot, :n], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(runner.kv.v[:, slot, :n], reference.kv.v[:, slot, :n], rtol=1e-5, atol=1e-6)
+        # close, not equal: the runner prefilled both segments in one batch, the reference
+        # each alone, and a GPU's GEMMs may sum rows of a 2-segment batch in another order
+        # (H200, fp32: one value of 4,864 off by 1.4e-6)
+        torch.testing.assert_close(runner.kv.k[:, slot, :n], reference.kv.k[:, slot, :n], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(runner.kv.v[:, slot, :n], reference.kv.v[:, slot, :n], rtol=1e-4, atol=1e-5)
     # a segment ending at the KV's end: its slot's state untouched, nothing written past the KV
     full = runner.max_len - segment.shape[1]
     runner.prefill_prefix(3, bundle.prompts.voice_prefix(None)[:, :7])

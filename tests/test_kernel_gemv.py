@@ -34,8 +34,8 @@ def operands(m: int, n: int, k: int, dtype, fp8: bool, swiglu: bool = False, see
     return x, w.to(dtype), None
 
 
-def test_the_engine_and_the_kernel_agree_on_the_row_limit():
-    assert GEMV_MAX_ROWS == MAX_M
+def test_the_engine_routes_no_more_rows_than_the_kernel_takes():
+    assert 1 <= GEMV_MAX_ROWS <= MAX_M
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -165,7 +165,7 @@ def test_use_gemv_routes_every_layer_and_turns_off():
     model = load_bundle("tiny", "cpu", torch.float32).model
     for block in [*model.layers, *model.fast_layers]:
         block.feed_forward.fuse_gate_up_()
-    use_gemv_(model, 4)
+    use_gemv_(model, 4)  # any limit up to the kernel's MAX_M
     routed = [m for m in model.modules() if isinstance(m, GemvLinear)]
     blocks = len(model.layers) + len(model.fast_layers)
     assert len(routed) == 4 * blocks + 1 + hasattr(model, "fast_project_in")  # + fast_output
