@@ -175,7 +175,11 @@ def _codec_graphs_give_the_eager_audio(codec, max_chunk: int) -> None:
         heard.append({s: np.concatenate(listeners[s].pcm) for s in frames})
     for s, n in lengths.items():
         assert heard[1][s].shape == (n * codec.hop_length,)
-        np.testing.assert_allclose(heard[1][s], heard[0][s], atol=1e-4, rtol=1e-4)
+        # within 1e-3 (-60 dB of full scale): with TF32 off and cuDNN's picks shared, H200
+        # runs still failed at 1e-4 now and then (2026-12-03: 39 of 14,336 samples, at most
+        # 2.8e-4 off; the cause is not pinned down); a wrong state, chunk or stream order
+        # is off by ~0.1
+        np.testing.assert_allclose(heard[1][s], heard[0][s], atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.parametrize("barge_in", [False, True])
