@@ -189,3 +189,19 @@ def test_gpu_s2_pro_shapes_match_the_reference(fp8):
 def test_gpu_bf16_gemv_is_cublas_within_rounding():
     x, w, _ = operands(4, 6144, 2560, torch.bfloat16, False)
     assert rel_err(gemv(x, w), F.linear(x, w)) < 4e-3
+
+
+def test_the_benchmark_runs_and_every_gemv_is_right(tmp_path):
+    """latency_bench/gemv_bench.py --smoke (interpreter on a CPU, small shapes): each GEMV
+    it times was first checked against gemv_reference (a wrong one is timed as NaN)."""
+    import json
+    import math
+
+    from latency_bench.gemv_bench import main
+
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gemv_bench.json").read_text())["rows"]
+    assert {r["m"] for r in rows} == {1, 3} and len(rows) == 4
+    for r in rows:
+        for name in ("gemv_bf16", "gemv_fp8", "gemv_fp8_w8a16", "cublas_bf16", "fp8_gemm"):
+            assert math.isfinite(r["us"][name]) and r["us"][name] > 0, (r["shape"], name)
