@@ -244,7 +244,7 @@ class Runner:
             return False
         from kernels.gemv import self_check
 
-        why = self_check(self.device, self.dtype, gemv_shapes(self.model))
+        why = self_check(self.device, self.dtype, gemv_shapes(self.model), max_rows=GEMV_MAX_ROWS)
         if why is not None:
             log.warning("small-batch GEMV off (GEMMs instead): %s", why)
         return why is None

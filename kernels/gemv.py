@@ -15,7 +15,11 @@ use for tensor cores at M <= 4: one program per block of BLOCK_N weight rows str
 accumulator of the tile's shape per row of x, elementwise (the one cross-thread reduction
 is at the end), so the loop is loads and FMAs. Each row's accumulator sees the same
 operations in the same order whatever M is (the launch choice depends on the weight's
-shape only), so a row's output does not depend on its batch.
+shape only), so a row's output does not depend on its batch. Measured on an H200
+(latency_bench/gemv_bench.py; README, "Single-stream decode through a GEMV"): 1.1-1.3x
+cuBLAS at M = 1 on the S2-Pro layers, but slower from M = 2 on (each further row is a
+whole pass of FMAs and of x's processing per tile, where tensor cores take it for free),
+so the engine routes single rows only (engine/small_batch.py).
 
 e4m3 weights (the FP8 path) are dequantized in registers: a tile never straddles a
 128 x 128 scale block (BLOCK_N divides 128, BLOCK_K is a multiple of 128 or divides it),
@@ -219,12 +223,13 @@ def gemv_reference(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Te
     return y.to(x.dtype)
 
 
-def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tuple[int, int]], fp8: bool = False) -> str | None:
+def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tuple[int, int]], fp8: bool = False,
+               max_rows: int = MAX_M) -> str | None:
     """None if the kernel compiles here and matches its reference at each (N, K) for
-    M = 1..MAX_M (and with swiglu at the last shape), else why not."""
+    M = 1..max_rows (and with swiglu at the last shape), else why not."""
     g = torch.Generator(device=device).manual_seed(0)
     for i, (n, k) in enumerate(shapes):
-        for m in range(1, MAX_M + 1):
+        for m in range(1, max_rows + 1):
             for swiglu in ([False, True] if i == len(shapes) - 1 else [False]):
                 x = torch.randn(m, 2 * k if swiglu else k, generator=g, device=device).to(dtype)
                 w = torch.randn(n, k, generator=g, device=device) / k**0.5
