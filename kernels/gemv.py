@@ -4,8 +4,10 @@
                       (swiglu=True: [M, 2K], the fused gate/up output; x = silu(gate) * up)
     w        [N, K]   x's dtype, or float8_e4m3fn with w_scale, contiguous
     w_scale  [cdiv(N, 128), cdiv(K, 128)] fp32 row-major (e4m3 weights only: kernels/FP8_NOTES.md)
-    bias     [N]      optional, x's dtype
+    bias     [N]      optional, the output's dtype
     -> y     [M, N]   x's dtype
+    (or x as e4m3 codes [M, K] with x_scale [M, cdiv(K, 128)] fp32, e4m3 weights only:
+     pre-quantized by kernels/fp8_quant.py; y then in out_dtype, bf16 by default)
 
 Why: at decode shapes a linear layer is weight streaming, and at batch 1 cuBLAS's GEMMs
 stream the S2-Pro layers at 50-80% of the H200's bandwidth (wo, 4096 -> 2560: 9.7 us
@@ -53,11 +55,16 @@ SCALE_BLOCK = 128
 
 
 @triton.jit
-def _x_slice(x_row, s_ptr, ks, pid_n, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             W_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr, SOFT_ROUND: tl.constexpr):
+def _x_slice(x_row, xs_row, s_ptr, ks, pid_n, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             W_FP8: tl.constexpr, X_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr,
+             SOFT_ROUND: tl.constexpr):
     """One row's x[ks] in fp32, as the weight tile multiplies it: the SwiGLU applied,
-    quantized, and times the weight blocks' scales."""
-    if SWIGLU:
+    quantized (or given as e4m3 codes with their group scales), and times the weight
+    blocks' scales."""
+    if X_FP8:
+        x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+        x = x * tl.load(xs_row + ks // 128, mask=ks < K, other=0.0)
+    elif SWIGLU:
         gate = tl.load(x_row + ks, mask=ks < K, other=0.0)
         up = tl.load(x_row + K + ks, mask=ks < K, other=0.0)
         g = gate.to(tl.float32)
@@ -92,9 +99,9 @@ def _row_out(acc, b_ptr, y_row, rn, N: tl.constexpr, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, stride_xm, stride_ym,
+    x_ptr, xs_ptr, w_ptr, s_ptr, b_ptr, y_ptr, stride_xm, stride_xsm, stride_ym,
     ROWS: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_STAGES: tl.constexpr, W_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr,
+    NUM_STAGES: tl.constexpr, W_FP8: tl.constexpr, X_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     # one program per block of BLOCK_N weight rows, for all ROWS (1..4) rows of x: the
@@ -118,16 +125,20 @@ def _gemv_kernel(
         else:
             w = tl.load(w_rows + ks[None, :], mask=(rn[:, None] < N) & (ks[None, :] < K), other=0.0)
         w = w.to(tl.float32)
-        x = _x_slice(x_ptr, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+        x = _x_slice(x_ptr, xs_ptr, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, X_FP8, QUANT_X, SWIGLU,
+                         SOFT_ROUND)
         acc0 += w * x[None, :]
         if ROWS > 1:
-            x = _x_slice(x_ptr + stride_xm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+            x = _x_slice(x_ptr + stride_xm, xs_ptr + stride_xsm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, X_FP8, QUANT_X, SWIGLU,
+                         SOFT_ROUND)
             acc1 += w * x[None, :]
         if ROWS > 2:
-            x = _x_slice(x_ptr + 2 * stride_xm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+            x = _x_slice(x_ptr + 2 * stride_xm, xs_ptr + 2 * stride_xsm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, X_FP8, QUANT_X, SWIGLU,
+                         SOFT_ROUND)
             acc2 += w * x[None, :]
         if ROWS > 3:
-            x = _x_slice(x_ptr + 3 * stride_xm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, QUANT_X, SWIGLU, SOFT_ROUND)
+            x = _x_slice(x_ptr + 3 * stride_xm, xs_ptr + 3 * stride_xsm, s_ptr, ks, pid_n, K, BLOCK_N, BLOCK_K, W_FP8, X_FP8, QUANT_X, SWIGLU,
+                         SOFT_ROUND)
             acc3 += w * x[None, :]
     _row_out(acc0, b_ptr, y_ptr, rn, N, HAS_BIAS)
     if ROWS > 1:
@@ -144,8 +155,21 @@ def gemv_config(n: int, k: int, fp8: bool) -> GemvConfig:
     return TUNED.get((n, k, "fp8" if fp8 else "bf16"), DEFAULT_CONFIG)
 
 
+def _check_codes(x: Tensor, x_scale: Tensor, w: Tensor, swiglu: bool, quantize_x: bool) -> None:
+    """Pre-quantized x: e4m3 codes [M, K] with fp32 group scales [M, cdiv(K, 128)]."""
+    m, k = x.shape[0], w.shape[1]
+    kb = -(-k // SCALE_BLOCK)
+    if w.dtype != torch.float8_e4m3fn:
+        raise ValueError("e4m3 codes for x go with e4m3 weights")
+    if swiglu or quantize_x:
+        raise ValueError("x given as e4m3 codes is already quantized (no swiglu, no quantize_x)")
+    if x_scale.dtype != torch.float32 or tuple(x_scale.shape) != (m, kb) or (kb > 1 and x_scale.stride(1) != 1):
+        raise ValueError(f"x's scales must be fp32 [{m}, {kb}] with unit stride along the groups, got "
+                         f"{x_scale.dtype} {list(x_scale.shape)} strides {x_scale.stride()}")
+
+
 def _check(x: Tensor, w: Tensor, w_scale: Tensor | None, bias: Tensor | None, swiglu: bool, quantize_x: bool,
-           config: GemvConfig) -> tuple[int, int, int]:
+           config: GemvConfig, x_scale: Tensor | None = None, out_dtype: torch.dtype | None = None) -> tuple[int, int, int]:
     if x.ndim != 2 or w.ndim != 2:
         raise ValueError(f"gemv takes x [M, K] and w [N, K], got {list(x.shape)} and {list(w.shape)}")
     m, n, k = x.shape[0], w.shape[0], w.shape[1]
@@ -154,8 +178,15 @@ def _check(x: Tensor, w: Tensor, w_scale: Tensor | None, bias: Tensor | None, sw
     if x.shape[1] != (2 * k if swiglu else k):
         raise ValueError(f"x has {x.shape[1]} columns; w [N, K={k}] wants {2 * k if swiglu else k}"
                          f"{' (gate | up)' if swiglu else ''}")
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
+    if x_scale is not None:
+        if x.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"x_scale goes with x as e4m3 codes, got x in {x.dtype}")
+        _check_codes(x, x_scale, w, swiglu, quantize_x)
+    elif x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"x must be bf16, fp16 or fp32 (or e4m3 codes with x_scale), got {x.dtype}")
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"the output must be bf16, fp16 or fp32, got {out_dtype}")
     if x.stride(1) != 1:
         raise ValueError("x must have unit stride along K")
     if not w.is_contiguous():
@@ -176,39 +207,51 @@ def _check(x: Tensor, w: Tensor, w_scale: Tensor | None, bias: Tensor | None, sw
         raise ValueError(f"w must be x's dtype ({x.dtype}) or float8_e4m3fn, got {w.dtype}")
     elif w_scale is not None or quantize_x:
         raise ValueError("w_scale and quantize_x are for e4m3 weights only")
-    if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype != x.dtype or not bias.is_contiguous()):
-        raise ValueError(f"bias must be [{n}] contiguous in {x.dtype}")
+    if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype != out_dtype or not bias.is_contiguous()):
+        raise ValueError(f"bias must be [{n}] contiguous in {out_dtype}")
     return m, n, k
 
 
 def gemv(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | None = None,
-         swiglu: bool = False, quantize_x: bool | None = None, config: GemvConfig | None = None) -> Tensor:
+         swiglu: bool = False, quantize_x: bool | None = None, config: GemvConfig | None = None,
+         x_scale: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
     """See the module docstring. `quantize_x` (e4m3 weights only, the default there): x
     goes through e4m3 with one power-of-two scale per 1 x 128 group first, exactly as
     fp8_linear quantizes it, so the FP8 path computes the same function at every batch
-    size (only the summation order differs); False multiplies x unquantized. One launch;
-    allocates only the output (CUDA-graph safe)."""
+    size (only the summation order differs); False multiplies x unquantized. `x_scale`:
+    x is already e4m3 codes with these group scales (kernels/fp8_quant.py quantize_act or
+    swiglu_quant, one launch before this one instead of the same work in every program);
+    the output is then `out_dtype` (bf16 unless given). One launch; allocates only the
+    output (CUDA-graph safe)."""
     fp8 = w.dtype == torch.float8_e4m3fn
-    quantize_x = fp8 if quantize_x is None else quantize_x
+    x_fp8 = x_scale is not None
+    quantize_x = (fp8 and not x_fp8) if quantize_x is None else quantize_x
+    out_dtype = out_dtype or (torch.bfloat16 if x_fp8 else x.dtype)
     config = config or gemv_config(w.shape[0], w.shape[-1], fp8)
-    m, n, k = _check(x, w, w_scale, bias, swiglu, quantize_x, config)
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    m, n, k = _check(x, w, w_scale, bias, swiglu, quantize_x, config, x_scale, out_dtype)
+    y = torch.empty(m, n, device=x.device, dtype=out_dtype)
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
-        x, w, w_scale if fp8 else w, bias if bias is not None else w, y, x.stride(0), y.stride(0),
+        x, x_scale if x_fp8 else w, w, w_scale if fp8 else w, bias if bias is not None else w, y,
+        x.stride(0), x_scale.stride(0) if x_fp8 else 0, y.stride(0),
         ROWS=m, N=n, K=k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        NUM_STAGES=config.num_stages, W_FP8=fp8, QUANT_X=quantize_x, SWIGLU=swiglu, HAS_BIAS=bias is not None,
+        NUM_STAGES=config.num_stages, W_FP8=fp8, X_FP8=x_fp8, QUANT_X=quantize_x, SWIGLU=swiglu,
+        HAS_BIAS=bias is not None,
         SOFT_ROUND=_interpreting(), num_warps=config.num_warps,
     )
     return y
 
 
 def gemv_reference(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | None = None,
-                   swiglu: bool = False, quantize_x: bool | None = None) -> Tensor:
+                   swiglu: bool = False, quantize_x: bool | None = None, x_scale: Tensor | None = None,
+                   out_dtype: torch.dtype | None = None) -> Tensor:
     """gemv in PyTorch: the same input roundings (and quantization), fp32 products and sums."""
     fp8 = w.dtype == torch.float8_e4m3fn
-    quantize_x = fp8 if quantize_x is None else quantize_x
+    quantize_x = (fp8 and x_scale is None) if quantize_x is None else quantize_x
+    out_dtype = out_dtype or (torch.bfloat16 if x_scale is not None else x.dtype)
     k = w.shape[1]
-    if quantize_x:
+    if x_scale is not None:
+        xf = dequantize_act(x, x_scale)
+    elif quantize_x:
         codes = swiglu_quant_reference(x[:, :k], x[:, k:]) if swiglu else quantize_act_reference(x)
         xf = dequantize_act(*codes)
     elif swiglu:
@@ -220,7 +263,7 @@ def gemv_reference(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Te
     y = xf @ wf.T
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    return y.to(out_dtype)
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tuple[int, int]], fp8: bool = False,

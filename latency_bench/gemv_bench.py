@@ -4,11 +4,12 @@ GEMMs the engine would otherwise run, same run.
 Per S2-Pro linear shape (the fast transformer's layers have the same widths) and M = 1, 2, 4:
 - bf16 weights: the GEMV against cuBLAS (`F.linear`); for w2 as the MLP runs it, from the
   fused gate/up output: the GEMV with the SwiGLU inside against kernels/swiglu.py + cuBLAS.
-- e4m3 block-scaled weights: the GEMV (activations quantized in it, as served) against
-  the block-scaled FP8 GEMM (kernels/fp8_gemm.py `fp8_linear`, the FP8 path's kernel) and
-  the GEMV on unquantized activations (W8A16).
+- e4m3 block-scaled weights: the GEMV (activations quantized in every program) against
+  the block-scaled FP8 GEMM (kernels/fp8_gemm.py `fp8_linear`, the FP8 path's kernel), the
+  GEMV on activations quantized once by a launch of their own (kernels/fp8_quant.py
+  quantize_act / swiglu_quant; "prequant", two launches) and on unquantized ones (W8A16).
 Then the whole MLP block at M = 1 (w13, then w2 with the SwiGLU inside; issue 7's target
-<= 26 us). `--sweep` first times every launch choice at M = 1 (`--sweep-m 1,4`: summed over those),
+<= 26 us), both FP8 ways. `--sweep` first times every launch choice at M = 1 (`--sweep-m 1,4`: summed over those),
 keeps per shape the fastest, and prints the `TUNED` table of kernels/gemv_configs.py
 (`--write-configs` writes it there); without it the table's choices run.
 
@@ -95,6 +96,21 @@ def gemv_calls(weights: list[Weights], x: torch.Tensor, fp8: bool, swiglu: bool,
     if fp8:
         return [lambda w=w: gemv(x, w.wq, w.ws, swiglu=swiglu, quantize_x=quantize_x, config=cfg) for w in weights]
     return [lambda w=w: gemv(x, w.wb, swiglu=swiglu, config=cfg) for w in weights]
+
+
+def preq_calls(weights: list[Weights], x: torch.Tensor, swiglu: bool) -> list:
+    """e4m3 weights, x quantized by its own launch first (kernels/fp8_quant.py), then the
+    GEMV on the codes: two launches a call."""
+    from kernels.fp8_quant import quantize_act, swiglu_quant
+    from kernels.gemv import gemv
+
+    k = x.shape[1] // 2 if swiglu else x.shape[1]
+
+    def call(w: Weights) -> torch.Tensor:
+        codes, scales = swiglu_quant(x[:, :k], x[:, k:]) if swiglu else quantize_act(x)
+        return gemv(codes, w.wq, w.ws, x_scale=scales, out_dtype=x.dtype)
+
+    return [lambda w=w: call(w) for w in weights]
 
 
 def reference(x: torch.Tensor, w: Weights, fp8: bool, swiglu: bool, quantize_x=None) -> torch.Tensor:
@@ -214,6 +230,7 @@ def compare(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool) -> li
                 "gemv_fp8": checked_time(timer, gemv_calls(weights, x, True, down, None), reference(x, weights[0], True, down)),
                 "gemv_fp8_w8a16": checked_time(timer, gemv_calls(weights, x, True, down, None, quantize_x=False),
                                                reference(x, weights[0], True, down, quantize_x=False)),
+                "gemv_fp8_prequant": checked_time(timer, preq_calls(weights, x, down), reference(x, weights[0], True, down)),
                 "fp8_gemm": timer.us_per_call(fp8_gemm),
             }
             bf16_bytes, fp8_bytes = 2 * shape.n * shape.k, shape.n * shape.k + 4 * -(-shape.n // 128) * -(-shape.k // 128)
@@ -226,18 +243,19 @@ def compare(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool) -> li
 
 def compare_table(rows: list[dict]) -> str:
     head = (f"{'shape':18} {'M':>2} | {'cuBLAS bf16':>11} {'gemv bf16':>9} {'x':>5} {'floor':>6} | "
-            f"{'fp8 GEMM':>8} {'gemv fp8':>8} {'x':>5} {'W8A16':>6} {'floor':>6}   (us)")
+            f"{'fp8 GEMM':>8} {'gemv fp8':>8} {'x':>5} {'prequant':>8} {'W8A16':>6} {'floor':>6}   (us)")
     lines = [head]
     for r in rows:
         u = r["us"]
         lines.append(f"{r['shape']:18} {r['m']:>2} | {u['cublas_bf16']:>11.2f} {u['gemv_bf16']:>9.2f} {r['bf16_speedup']:>5.2f} "
                      f"{r['bf16_floor_us']:>6.2f} | {u['fp8_gemm']:>8.2f} {u['gemv_fp8']:>8.2f} {r['fp8_speedup']:>5.2f} "
-                     f"{u['gemv_fp8_w8a16']:>6.2f} {r['fp8_floor_us']:>6.2f}")
+                     f"{u['gemv_fp8_prequant']:>8.2f} {u['gemv_fp8_w8a16']:>6.2f} {r['fp8_floor_us']:>6.2f}")
     return "\n".join(lines)
 
 
 def bench_mlp(timer: Timer, dim: int, hidden: int, smoke: bool) -> dict:
     """The MLP block at M = 1: w13 (2H x D), then w2 (D x H) from its output, SwiGLU inside."""
+    from kernels.fp8_quant import quantize_act, swiglu_quant
     from kernels.gemv import gemv
     from kernels.swiglu import swiglu as swiglu_kernel
 
@@ -249,6 +267,12 @@ def bench_mlp(timer: Timer, dim: int, hidden: int, smoke: bool) -> dict:
     def fp8_block(a, b):
         return gemv(gemv(x, a.wq, a.ws), b.wq, b.ws, swiglu=True)
 
+    def fp8_prequant_block(a, b):  # four launches: quantize, w13, SwiGLU + quantize, w2
+        codes, scales = quantize_act(x)
+        gate_up = gemv(codes, a.wq, a.ws, x_scale=scales)
+        codes, scales = swiglu_quant(gate_up[:, :hidden], gate_up[:, hidden:])
+        return gemv(codes, b.wq, b.ws, x_scale=scales)
+
     def bf16_block(a, b):
         return gemv(gemv(x, a.wb), b.wb, swiglu=True)
 
@@ -257,7 +281,8 @@ def bench_mlp(timer: Timer, dim: int, hidden: int, smoke: bool) -> dict:
 
     pairs = list(zip(w13s, w2s))
     us = {name: timer.us_per_call([lambda a=a, b=b: f(a, b) for a, b in pairs])
-          for name, f in (("gemv_fp8", fp8_block), ("gemv_bf16", bf16_block), ("cublas_bf16", cublas_block))}
+          for name, f in (("gemv_fp8", fp8_block), ("gemv_fp8_prequant", fp8_prequant_block), ("gemv_bf16", bf16_block),
+                          ("cublas_bf16", cublas_block))}
     fp8_bytes = 3 * hidden * dim + 4 * 3 * -(-hidden // 128) * -(-dim // 128)
     return {"dim": dim, "hidden": hidden, "m": 1, "us": us, "fp8_floor_us": 1e6 * fp8_bytes / HBM_BYTES_PER_S,
             "bf16_floor_us": 1e6 * 6 * hidden * dim / HBM_BYTES_PER_S, "target_us": 26.0}
@@ -309,8 +334,8 @@ def main(argv=None) -> int:
     print(compare_table(rows))
     mlp = results["mlp"] = bench_mlp(timer, *((256, 384) if a.smoke else (2560, 9728)), a.smoke)
     u = mlp["us"]
-    print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: gemv fp8 {u['gemv_fp8']:.1f} us (target <= 26, floor "
-          f"{mlp['fp8_floor_us']:.1f}), gemv bf16 {u['gemv_bf16']:.1f} us, cuBLAS bf16 {u['cublas_bf16']:.1f} us "
+    print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: gemv fp8 {u['gemv_fp8']:.1f} us, pre-quantized "
+          f"{u['gemv_fp8_prequant']:.1f} us (target <= 26, floor {mlp['fp8_floor_us']:.1f}), gemv bf16 {u['gemv_bf16']:.1f} us, cuBLAS bf16 {u['cublas_bf16']:.1f} us "
           f"(bf16 floor {mlp['bf16_floor_us']:.1f})")
     write_json(Path(a.out) / "gemv_bench.json", results)
     print(f"wrote {Path(a.out) / 'gemv_bench.json'}")

@@ -72,6 +72,20 @@ def test_fp8_weights_compute_what_the_fp8_gemm_computes(swiglu):
     assert rel_err(gemv(x, w, s, swiglu=swiglu, quantize_x=False, config=SMALL), want) > 1e-3
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_pre_quantized_activations_give_what_quantizing_in_the_kernel_gives(swiglu):
+    """x as e4m3 codes + group scales from kernels/fp8_quant.py (one launch before the GEMV)
+    is the same arithmetic as quantizing in every program: equal outputs, bit for bit."""
+    from kernels.fp8_quant import quantize_act, swiglu_quant
+
+    x, w, s = operands(3, 72, 384, torch.float32, True, swiglu)
+    codes, scales = swiglu_quant(x[:, :384], x[:, 384:]) if swiglu else quantize_act(x)
+    got = gemv(codes, w, s, x_scale=scales, out_dtype=torch.float32, config=SMALL)
+    assert torch.equal(got, gemv(x, w, s, swiglu=swiglu, config=SMALL))
+    assert rel_err(got, gemv_reference(codes, w, s, x_scale=scales, out_dtype=torch.float32)) < 1e-5
+    assert gemv(codes, w, s, x_scale=scales, config=SMALL).dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("fp8", [False, True], ids=["plain", "e4m3"])
 def test_a_rows_output_does_not_depend_on_its_batch(fp8):
     """Each row is summed by the same programs at every M: bit for bit equal alone."""
@@ -108,6 +122,13 @@ def test_the_launcher_refuses_what_the_kernel_cannot_take():
         (lambda: gemv(x, wq, ws[:1]), "block scales"),
         (lambda: gemv(x, wq, ws, config=GemvConfig(block_n=48)), "scale block"),
         (lambda: gemv(x, wq, ws, config=GemvConfig(block_n=8, block_k=64)), "whole 128-wide groups"),
+        (lambda: gemv(x, wq, ws, x_scale=torch.ones(2, 2, device=DEVICE)), "e4m3 codes"),
+        (lambda: gemv(x.to(torch.float8_e4m3fn), w, x_scale=torch.ones(2, 2, device=DEVICE)), "e4m3 weights"),
+        (lambda: gemv(x.to(torch.float8_e4m3fn), wq, ws, x_scale=torch.ones(2, 1, device=DEVICE)), "x's scales"),
+        (lambda: gemv(x.to(torch.float8_e4m3fn), wq, ws, x_scale=torch.ones(2, 2, device=DEVICE), quantize_x=True),
+         "already quantized"),
+        (lambda: gemv(x.to(torch.float8_e4m3fn), wq, ws), "bf16, fp16 or fp32"),
+        (lambda: gemv(x, w, out_dtype=torch.int32), "output"),
     ]
     for call, why in bad:
         with pytest.raises(ValueError, match=why):
@@ -203,5 +224,5 @@ def test_the_benchmark_runs_and_every_gemv_is_right(tmp_path):
     rows = json.loads((tmp_path / "gemv_bench.json").read_text())["rows"]
     assert {r["m"] for r in rows} == {1, 3} and len(rows) == 4
     for r in rows:
-        for name in ("gemv_bf16", "gemv_fp8", "gemv_fp8_w8a16", "cublas_bf16", "fp8_gemm"):
+        for name in ("gemv_bf16", "gemv_fp8", "gemv_fp8_prequant", "gemv_fp8_w8a16", "cublas_bf16", "fp8_gemm"):
             assert math.isfinite(r["us"][name]) and r["us"][name] > 0, (r["shape"], name)
