@@ -27,7 +27,7 @@
 #   bash scripts/gpu_check.sh convhist   # codec kernel tests, codec calls and c=64 load (first frames 1 and 2), codec calls before the history change (~9 min)
 #   bash scripts/gpu_check.sh secondframe  # GPU tests, load c=1,16,64 with the second frame made by the prefill thread vs the decode batch (~7 min)
 #   bash scripts/gpu_check.sh gemv       # small-batch GEMV: tests, launch sweep (written to kernels/gemv_configs.py), kernel vs cuBLAS, engine with/without (~9 min)
-#   bash scripts/gpu_check.sh gemv-fp8   # the same for FP8 weights: FP8 tests, engine with/without, batch-1 step profile (~6 min)
+#   bash scripts/gpu_check.sh gemv-profile  # the GEMV table without a sweep (FP8 pre-quantized too), the batch-1 step's kernels (~3 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -368,16 +368,13 @@ gemv)
         --gemv-baseline --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine" 2>&1 \
         | grep -v Warn | tee "$out/engine_bench.log"
     ;;
-gemv-fp8)
-    # FP8 weights with the GEMV: the FP8 tests, the engine step with and without it, the
-    # step's kernels at batch 1, c=1 and 4 service load (~7 min)
-    timeout 150 python3 -m pytest -q --tb=short "${fp8_tests[@]}" -k "not gate" 2>&1 | grep -v "^  \|Warning\|warn" \
-        | tail -20 | tee "$out/fp8_tests.log"
-    timeout 200 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --quant fp8 --batch 1,2,4,8,16,64 \
-        --skip-eager --gemv-baseline --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine-fp8" \
-        2>&1 | grep -v Warn | tee "$out/engine_bench_fp8.log"
-    timeout 80 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1 --steps 5 \
-        --out "$out/profile" 2>&1 | grep -v Warn | head -40 > "$out/profile.log"; head -25 "$out/profile.log"
+gemv-profile)
+    # the GEMV's table without a sweep (incl. the FP8 GEMV on pre-quantized activations and
+    # the MLP block as four launches), then what the batch-1 step's GPU time is made of
+    # now that its GEMMs are GEMVs (~3 min)
+    timeout 200 python3 -m latency_bench.gemv_bench --out "$out" 2>&1 | grep -v "^    ([A-Z]" | tee "$out/gemv_bench.log"
+    timeout 100 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1 --steps 5 \
+        --out "$out/profile" 2>&1 | grep -v Warn | head -40 > "$out/profile.log"; head -30 "$out/profile.log"
     ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
