@@ -155,7 +155,9 @@ reference)
     # the frozen-reference run: GPU tests, load sweep (with per-turn timing) and the naive
     # baseline; the files worth keeping are copied flat into $out (8 files come back)
     work=/tmp/reference; rm -rf "$work"; mkdir -p "$work"
-    timeout 150 python3 -m pytest -q "${gpu_tests[@]}" "${fp8_tests[@]}" 2>&1 \
+    # (the serving path's GPU tests only: the whole list no longer fits 150 s, and was cut
+    # at 17% in the e1b325e run; `tests` runs it all)
+    timeout 150 python3 -m pytest -q tests/test_gpu.py tests/test_kernel_gemv.py 2>&1 \
         | tail -15 > "$out/gpu_tests.log"; cat "$out/gpu_tests.log"
     timeout 240 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,32,64 --server-arg=--max-len=1536 \
         --server-arg=--log-timing --out "$work/load" 2>&1 | grep -v "active=" | tee "$out/load.log"
