@@ -16,7 +16,7 @@ from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta
 from engine.config import ModelConfig
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import RMSNorm, TransformerBlock, rope_table, run_blocks
-from engine.small_batch import gemv_rows
+from engine.small_batch import linear
 
 
 class DualARModel(nn.Module):
@@ -109,12 +109,7 @@ class DualARModel(nn.Module):
     def _head(self, h: Tensor, normed: Tensor) -> tuple[Tensor, Tensor]:
         """h: [B, D] last slow hidden, normed: it normed -> (head logits
         [B, num_semantic + 1], fast input)."""
-        if gemv_rows(normed, self.gemv_rows):
-            from kernels.gemv import gemv
-
-            logits = gemv(normed if normed.stride(-1) == 1 else normed.contiguous(), self.head_weight)
-        else:
-            logits = normed @ self.head_weight.t()
+        logits = linear(normed, self.head_weight, max_rows=self.gemv_rows)  # the GEMV at 1..gemv_rows rows
         fast_in = normed if self.config.norm_fastlayer_input else h
         if hasattr(self, "fast_project_in"):
             fast_in = self.fast_project_in(fast_in)

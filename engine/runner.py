@@ -156,8 +156,7 @@ class Runner:
         self.kv_quant = kv_quant
         self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
         self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
-        self.gemv = self._gemv_ok() if gemv is None else gemv
-        use_gemv_(self.model, GEMV_MAX_ROWS if self.gemv else 0)
+        self.gemv = self._use_gemv(gemv)
         if self.cuda_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.max_running = max_running
@@ -233,21 +232,25 @@ class Runner:
             log.warning("fused q/k/v decode kernel off (PyTorch path instead): %s", why)
         return why is None
 
-    def _gemv_ok(self) -> bool:
-        """On a GPU, decode steps of one stream run the linear layers and the sampling
-        heads through the GEMV kernel (engine/small_batch.py), once it has compiled and
-        matched its reference here at the model's shapes; elsewhere, or if it did not, the
-        GEMMs."""
+    def _use_gemv(self, wanted: bool | None) -> bool:
+        """Route single-stream decode steps' linear layers and sampling heads through the
+        GEMV kernel (engine/small_batch.py) or not, and say which. None: on a GPU, once
+        the kernel has compiled and matched its reference here at the routed shapes (FP8
+        models stay on their GEMMs: engine/small_batch.py says why); elsewhere, or if it
+        did not, the GEMMs."""
         from engine.quant import is_quantized
 
-        if not self.cuda or is_quantized(self.model):  # FP8 models stay on their GEMMs (engine/small_batch.py says why)
-            return False
-        from kernels.gemv import self_check
+        on = (self.cuda and not is_quantized(self.model)) if wanted is None else wanted
+        use_gemv_(self.model, GEMV_MAX_ROWS if on else 0)
+        if on and wanted is None:
+            from kernels.gemv import self_check
 
-        why = self_check(self.device, self.dtype, gemv_shapes(self.model), max_rows=GEMV_MAX_ROWS)
-        if why is not None:
-            log.warning("small-batch GEMV off (GEMMs instead): %s", why)
-        return why is None
+            why = self_check(self.device, self.dtype, gemv_shapes(self.model), max_rows=GEMV_MAX_ROWS)
+            if why is not None:
+                log.warning("small-batch GEMV off (GEMMs instead): %s", why)
+                use_gemv_(self.model, 0)
+                return False
+        return on
 
     def _step_kernels_ok(self) -> bool:
         """On a GPU, every block's residual add + norm, MLP activation and (fast

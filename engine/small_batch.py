@@ -43,6 +43,23 @@ def gemv_rows(x: Tensor, max_rows: int) -> int:
     return rows if 0 < rows <= max_rows else 0
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int = 0, swiglu: bool = False) -> Tensor:
+    """x @ weight.T (+ bias): through the GEMV when x has 1..max_rows rows, else F.linear.
+    `swiglu`: x is the fused gate/up output [..., 2K]; silu(gate) * up is multiplied
+    (kernels/swiglu.py's roundings, inside the GEMV or by that kernel first)."""
+    if gemv_rows(x, max_rows):
+        from kernels.gemv import gemv
+
+        x2 = x.reshape(-1, x.shape[-1])
+        y = gemv(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, bias=bias, swiglu=swiglu)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    if swiglu:
+        from kernels.swiglu import swiglu as swiglu_kernel
+
+        x = swiglu_kernel(x)
+    return F.linear(x, weight, bias)
+
+
 class GemvLinear(nn.Linear):
     """nn.Linear sharing `linear`'s parameters; at most `max_rows` rows go through the GEMV."""
 
@@ -53,19 +70,8 @@ class GemvLinear(nn.Linear):
         self.max_rows = max_rows
 
     def forward(self, x: Tensor, swiglu: bool = False) -> Tensor:
-        """`swiglu`: x is the fused gate/up output [..., 2 * in_features]; the layer
-        multiplies silu(gate) * up (kernels/swiglu.py's roundings)."""
-        if gemv_rows(x, self.max_rows):
-            from kernels.gemv import gemv
-
-            x2 = x.reshape(-1, x.shape[-1])
-            y = gemv(x2 if x2.stride(-1) == 1 else x2.contiguous(), self.weight, bias=self.bias, swiglu=swiglu)
-            return y.view(*x.shape[:-1], self.out_features)
-        if swiglu:
-            from kernels.swiglu import swiglu as swiglu_kernel
-
-            x = swiglu_kernel(x)
-        return F.linear(x, self.weight, self.bias)
+        """`swiglu`: x is the fused gate/up output [..., 2 * in_features] (see `linear`)."""
+        return linear(x, self.weight, self.bias, self.max_rows, swiglu)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, gemv up to {self.max_rows} rows"
@@ -96,20 +102,12 @@ def use_gemv_(model: nn.Module, max_rows: int) -> nn.Module:
 
 
 def gemv_shapes(model: nn.Module) -> list[tuple[int, int]]:
-    """(N, K) of the layers use_gemv_ routes, a down projection's last (the GEMV runs it
-    with the SwiGLU inside: kernels/gemv.py self_check tests that form at the last shape)."""
-    shapes, downs = set(), set()
-    for block in [*model.layers, *model.fast_layers]:
-        for lin in (block.attention.wqkv, block.attention.wo):
-            if isinstance(lin, nn.Linear):
-                shapes.add(tuple(lin.weight.shape))
-        ff = block.feed_forward
-        if isinstance(ff, FeedForward) and ff.fused:
-            shapes.add(tuple(ff.w13.weight.shape))
-            downs.add(tuple(ff.w2.weight.shape))
-    for name in ("fast_output", "fast_project_in"):
-        if isinstance(getattr(model, name, None), nn.Linear):
-            shapes.add(tuple(getattr(model, name).weight.shape))
+    """(N, K) of the weights use_gemv_ has routed, a down projection's last (the GEMV runs
+    it with the SwiGLU inside: kernels/gemv.py self_check tests that form at the last
+    shape)."""
+    downs = {tuple(m.w2.weight.shape) for m in model.modules()
+             if isinstance(m, FeedForward) and isinstance(getattr(m, "w2", None), GemvLinear)}
+    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, GemvLinear)}
     if getattr(model, "head_weight", None) is not None:
         shapes.add(tuple(model.head_weight.shape))
     return sorted(shapes - downs) + sorted(downs)

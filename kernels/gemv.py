@@ -49,6 +49,7 @@ from kernels.fp8_quant import (_interpreting, _pow2_scale, _to_e4m3, dequantize_
                                quantize_act_reference, quantize_weight, swiglu_quant_reference)
 from kernels.gemv_configs import DEFAULT_CONFIG, TUNED, GemvConfig
 from kernels.selfcheck import mismatch
+from kernels.swiglu import swiglu_reference
 
 MAX_M = 4  # rows one launch takes; above, callers use their GEMM
 SCALE_BLOCK = 128
@@ -255,8 +256,7 @@ def gemv_reference(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Te
         codes = swiglu_quant_reference(x[:, :k], x[:, k:]) if swiglu else quantize_act_reference(x)
         xf = dequantize_act(*codes)
     elif swiglu:
-        act = torch.nn.functional.silu(x[:, :k].float()).to(x.dtype).float()
-        xf = (act * x[:, k:].float()).to(x.dtype).float()
+        xf = swiglu_reference(x).float()  # its roundings: silu in x's dtype, then the product
     else:
         xf = x.float()
     wf = dequantize_weight(w, w_scale) if fp8 else w.float()

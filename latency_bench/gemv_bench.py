@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from latency_bench.jsonfile import write_json
-from latency_bench.kernel_bench import HBM_BYTES_PER_S, SHAPES, SMOKE_SHAPES, Shape, Timer, bench_device, copies_for
+from latency_bench.kernel_bench import (HBM_BYTES_PER_S, SHAPES, SMOKE_SHAPES, Shape, Timer, Weights, bench_device,
+                                        copies_for, make_weights)
 
 SWEEP_MS = [1, 2, 4]
 WRONG_RESULT_TOL = 2e-2  # bf16 rounding is ~4e-3 relative; a wrong tile or scale is > 0.3
@@ -64,24 +65,6 @@ def candidates(smoke: bool):
                     continue
                 for stages in (1, 2):
                     out.append(GemvConfig(bn, bk, warps, stages))
-    return out
-
-
-@dataclasses.dataclass
-class Weights:
-    wb: torch.Tensor  # [N, K] bf16
-    wq: torch.Tensor  # [N, K] e4m3
-    ws: torch.Tensor  # [NB, KB] fp32
-
-
-def make_weights(shape: Shape, copies: int, device) -> list[Weights]:
-    from kernels.fp8_quant import quantize_weight
-
-    out = []
-    for i in range(copies):
-        g = torch.Generator(device=device).manual_seed(i)
-        wb = (0.02 * torch.randn(shape.n, shape.k, generator=g, device=device)).bfloat16()
-        out.append(Weights(wb, *quantize_weight(wb)))
     return out
 
 
