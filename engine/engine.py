@@ -88,6 +88,11 @@ class EngineConfig:
     # (engine/small_batch.py) on a GPU where it matches its reference; False: the GEMMs
     # at every batch (an A/B baseline). Off in the naive baseline.
     gemv: bool = True
+    # the decode step's Triton kernels launch with programmatic dependent launch on a GPU
+    # that supports it (Hopper on; kernels/pdl.py): each one's launch and first weight
+    # loads overlap the tail of the one before. False: one after another (an A/B
+    # baseline). Off in the naive baseline.
+    pdl: bool = True
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0
@@ -210,7 +215,8 @@ class Engine:
         c = self.config
         # the naive baseline runs eager: no CUDA graphs
         self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
-                             kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None)
+                             kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None,
+                             pdl=False if c.naive or not c.pdl else None)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,

@@ -139,6 +139,7 @@ class Runner:
         step_kernels: bool | None = None,
         kv_quant: str = "none",
         gemv: bool | None = None,
+        pdl: bool | None = None,
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -154,6 +155,8 @@ class Runner:
         self.attention_kernel = self.cuda if attention_kernel is None else attention_kernel
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
         self.kv_quant = kv_quant
+        # before the self-checks and the graph captures below, which launch with it
+        self.pdl = self._use_pdl(pdl)
         self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
         self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
         self.gemv = self._use_gemv(gemv)
@@ -231,6 +234,24 @@ class Runner:
         if why is not None:
             log.warning("fused q/k/v decode kernel off (PyTorch path instead): %s", why)
         return why is None
+
+    def _use_pdl(self, wanted: bool | None) -> bool:
+        """Launch the step's Triton kernels with programmatic dependent launch (kernels/pdl.py:
+        each one's launch and first weight loads overlap the tail of the one before) or
+        not, and say which. None: on a GPU that supports it, once a chain of kernels
+        launched with it has matched the same chain without it; True insists (raises
+        where unsupported). Process-wide: the last runner made decides."""
+        from kernels import pdl
+
+        on = self.cuda if wanted is None else wanted
+        why = (pdl.supported(self.device) or pdl.self_check(self.device)) if on else None
+        if why is not None:
+            if wanted:
+                raise RuntimeError(f"PDL asked for but not available: {why}")
+            log.warning("PDL off (kernels launch one after another): %s", why)
+            on = False
+        pdl.enable(on)
+        return on
 
     def _use_gemv(self, wanted: bool | None) -> bool:
         """Route single-stream decode steps' linear layers and sampling heads through the

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.pdl import launch_args, pdl_wait
 from kernels.selfcheck import mismatch
 
 
@@ -33,7 +34,9 @@ def _add_rms_norm_kernel(
     stride_x, stride_d, stride_s, stride_n,
     dim, eps,
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < dim
@@ -79,7 +82,7 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) ->
             xr, dr, weight, s, n,
             xr.stride(0), dr.stride(0), s.stride(0), n.stride(0),
             dim, eps,
-            HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+            HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)), **launch_args(),
         )
     return s.view(x.shape), n.view(x.shape)
 

@@ -44,6 +44,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.kv_fp8 import head_dim_of, kernel_args, load_form
+from kernels.pdl import launch_args, pdl_wait
 
 # Positions per split and per inner block. 256-position splits keep the grid large enough
 # to fill 132 SMs at batch 1 with 8 KV heads and a ~1-2k context (8 x 4-8 programs per
@@ -93,7 +94,9 @@ def _decode_attention_split_kernel(
     scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches, ks_ptr / vs_ptr their fp32
     # views (the scale of (row, position, head) at element HEAD_DIM / 4 of the head's slab;
     # the fp32 view's strides are the byte strides / 4)
@@ -173,7 +176,9 @@ def _combine_kernel(
     stride_lb, stride_lh,
     stride_ob, stride_oh,
     SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P2)
@@ -237,7 +242,7 @@ def decode_attention(
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=split, BLOCK=block,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, **launch,
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, **launch, **launch_args(),
     )
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b, h)](
@@ -245,7 +250,7 @@ def decode_attention(
         part.stride(0), part.stride(1), part.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=d,
+        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=d, **launch_args(),
     )
     return out
 

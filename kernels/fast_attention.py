@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.pdl import launch_args, pdl_wait
 from kernels.selfcheck import mismatch
 
 
@@ -36,7 +37,9 @@ def _fast_attention_kernel(
     stride_ob, stride_oh,
     step, scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, POS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     offs_g = tl.arange(0, GROUP_PAD)
@@ -89,7 +92,7 @@ def fast_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int) -> Te
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
             step, d ** -0.5,
             GROUP=group, GROUP_PAD=triton.next_power_of_2(group), POS=max(2, triton.next_power_of_2(k_cache.shape[1])),
-            HEAD_DIM=d, num_warps=4,
+            HEAD_DIM=d, num_warps=4, **launch_args(),
         )
     return out
 

@@ -56,6 +56,7 @@ from torch import Tensor
 from kernels.fp8_configs import TUNED
 from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
                                quantize_act, quantize_act_reference, swiglu_quant, swiglu_quant_reference)
+from kernels.pdl import launch_args, pdl_wait
 
 # Streaming multiprocessors when no CUDA device is visible (the interpreter): an H200's.
 DEFAULT_SMS = 132
@@ -166,7 +167,9 @@ def _fp8_gemm_kernel(
     stride_am, stride_bn, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
     A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -270,7 +273,8 @@ def _fp8_gemm_kernel(
 
 
 @triton.jit
-def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -414,11 +418,11 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
         EVEN_K=k % GROUP == 0 and groups % per_split == 0,
         A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=_interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(),
     )
     if split_mode == SPLIT_SEPARATE_REDUCE:
         _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK,
+            partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK, **launch_args(),
         )
     return out
 

@@ -43,6 +43,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.fp8_scale import E4M3_MAX, FP8, pow2_scale  # the rule in PyTorch (Triton-free module)
+from kernels.pdl import launch_args, pdl_wait
 
 GROUP = 128  # elements per activation scale group (along K) and per weight block side
 
@@ -109,7 +110,9 @@ def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr,
     K, NUM_GROUPS, stride_xm, stride_qm, stride_sm, stride_sg,
     GROUPS: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     m = tl.program_id(0)
     offs_g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     offs_k = offs_g[:, None] * 128 + tl.arange(0, 128)[None, :]  # [G, 128]
@@ -124,7 +127,9 @@ def _swiglu_quant_kernel(
     g_ptr, u_ptr, q_ptr, s_ptr,
     H, NUM_GROUPS, stride_gm, stride_um, stride_qm, stride_sm, stride_sg,
     GROUPS: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     m = tl.program_id(0)
     offs_g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     offs_k = offs_g[:, None] * 128 + tl.arange(0, 128)[None, :]
@@ -163,7 +168,7 @@ def quantize_act(x: Tensor, m_major_scales: bool = False) -> tuple[Tensor, Tenso
     if m and k:
         _quant_act_kernel[(m, triton.cdiv(groups, GROUPS_PER_PROGRAM))](
             x, q, s, k, groups, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
-            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(),
+            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(), **launch_args(),
         )
     return q, s
 
@@ -182,7 +187,7 @@ def swiglu_quant(gate: Tensor, up: Tensor, m_major_scales: bool = False) -> tupl
     if m and h:
         _swiglu_quant_kernel[(m, triton.cdiv(groups, GROUPS_PER_PROGRAM))](
             gate, up, q, s, h, groups, gate.stride(0), up.stride(0), q.stride(0), s.stride(0), s.stride(1),
-            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(),
+            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(), **launch_args(),
         )
     return q, s
 

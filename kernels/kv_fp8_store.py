@@ -21,6 +21,7 @@ from torch import Tensor
 
 from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
 from kernels.kv_fp8 import TAIL_BYTES, head_dim_of, is_packed, kv_views, pack_kv
+from kernels.pdl import launch_args, pdl_wait
 
 
 @triton.jit
@@ -28,7 +29,9 @@ def _store_kv_fp8_kernel(
     x_ptr, index_ptr, codes_ptr, scales_ptr,
     stride_xn, stride_xk, stride_pos, stride_head,
     HEAD_DIM: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     n = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, HEAD_DIM)
@@ -63,7 +66,7 @@ def store_kv_fp8(x: Tensor, cache: Tensor, index: Tensor) -> None:
     _store_kv_fp8_kernel[(x.shape[0], cache.shape[2])](
         x, index, codes, scales,
         x.stride(0), x.stride(1), cache.stride(1), cache.stride(2),
-        HEAD_DIM=head_dim_of(cache), SOFT_ROUND=_interpreting(),
+        HEAD_DIM=head_dim_of(cache), SOFT_ROUND=_interpreting(), **launch_args(),
     )
 
 

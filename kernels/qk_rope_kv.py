@@ -32,6 +32,7 @@ from torch import Tensor
 
 from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
 from kernels.kv_fp8 import TAIL_BYTES, head_dim_of, kernel_args, store_form, unpack_kv
+from kernels.pdl import launch_args, pdl_wait
 
 
 @triton.jit
@@ -42,7 +43,9 @@ def _qk_rope_kv_kernel(
     eps, step,
     H: tl.constexpr, KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr, PER_ROW: tl.constexpr,
     KV_FP8: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches (kernels/kv_fp8.py) and
     # k_scale_ptr / v_scale_ptr their fp32 views: each key and value head is stored as
     # codes plus one power-of-two scale (fp8_quant's rule), at byte 2 * HALF of its slab
@@ -157,7 +160,7 @@ def qk_rope_kv(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         eps, 0 if per_row else positions,
         H=n_head, KV=kv, HALF=dh // 2, QK_NORM=q_scale is not None, PER_ROW=per_row,
-        KV_FP8=fp8, SOFT_ROUND=fp8 and _interpreting(),
+        KV_FP8=fp8, SOFT_ROUND=fp8 and _interpreting(), **launch_args(),
     )
     return q
 

@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.pdl import launch_args, pdl_wait
+
 # noise slots per frame: engine/sampling.py DRAWS_PER_FRAME (kernels import nothing of
 # engine; tests/test_kernel_sample.py holds the two equal)
 DRAWS_PER_FRAME = 64
@@ -62,7 +64,9 @@ def _sample_kernel(
     vocab, window, draw, ras_draw, end_col,
     ras_temperature, ras_top_p,
     DRAWS: tl.constexpr, WINDOW_PAD: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     x = tl.load(logits_ptr + row * stride_l + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
@@ -173,7 +177,7 @@ def sample_tokens(
             logits.shape[1], window.shape[1] if semantic is not None else 0, draw, ras_draw, end_col, ras_t, ras_p,
             DRAWS=DRAWS_PER_FRAME, WINDOW_PAD=triton.next_power_of_2(window.shape[1]) if semantic is not None else 1,
             BLOCK=triton.next_power_of_2(logits.shape[1]), MAX_K=max_top_k, SEMANTIC=semantic is not None,
-            num_warps=8 if logits.shape[1] > 2048 else 4,
+            num_warps=8 if logits.shape[1] > 2048 else 4, **launch_args(),
         )
     return out
 

@@ -21,13 +21,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.pdl import launch_args, pdl_wait
 from kernels.selfcheck import mismatch
 
 BLOCK = 1024
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, out_ptr, stride_x, stride_o, hidden, BLOCK: tl.constexpr):
+def _swiglu_kernel(x_ptr, out_ptr, stride_x, stride_o, hidden, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -55,7 +57,7 @@ def swiglu(gate_up: Tensor) -> Tensor:
     out = torch.empty(x.shape[0], hidden, device=x.device, dtype=x.dtype)
     if x.shape[0]:
         _swiglu_kernel[(x.shape[0], triton.cdiv(hidden, BLOCK))](
-            x, out, x.stride(0), out.stride(0), hidden, BLOCK=BLOCK, num_warps=4,
+            x, out, x.stride(0), out.stride(0), hidden, BLOCK=BLOCK, num_warps=4, **launch_args(),
         )
     return out.view(*gate_up.shape[:-1], hidden)
 

@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--no-gemv", dest="gemv", action="store_false",
                    help="run every linear layer on its GEMM at every batch size instead of the small-batch GEMV "
                         "kernel when one stream decodes (an A/B baseline)")
+    p.add_argument("--no-pdl", dest="pdl", action="store_false",
+                   help="launch the decode step's kernels one after another instead of with programmatic dependent "
+                        "launch (Hopper on: each kernel's launch overlaps the tail of the one before): an A/B baseline")
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")
@@ -112,7 +115,7 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
-            codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv,
+            codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv, pdl=a.pdl,
             codec_release_interval_s=a.codec_release_interval,
             codec_kernels=a.codec_kernels,
             cpu_threads=a.cpu_threads or None,

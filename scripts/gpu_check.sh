@@ -28,6 +28,7 @@
 #   bash scripts/gpu_check.sh secondframe  # GPU tests, load c=1,16,64 with the second frame made by the prefill thread vs the decode batch (~7 min)
 #   bash scripts/gpu_check.sh gemv       # small-batch GEMV: tests, launch sweep (written to kernels/gemv_configs.py), kernel vs cuBLAS, engine with/without (~9 min)
 #   bash scripts/gpu_check.sh gemv-profile  # the GEMV table without a sweep (FP8 pre-quantized too), the batch-1 step's kernels (~3 min)
+#   bash scripts/gpu_check.sh pdl        # PDL: support check, GEMV/MLP and engine step (bf16, FP8) with and without it, GPU tests (~9 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -377,6 +378,23 @@ gemv-profile)
     timeout 200 python3 -m latency_bench.gemv_bench --out "$out" 2>&1 | grep -v "^    ([A-Z]" | tee "$out/gemv_bench.log"
     timeout 100 python3 -m latency_bench.profile_step --model s2-pro --device cuda --batch 1 --steps 5 \
         --out "$out/profile" 2>&1 | grep -v Warn | head -40 > "$out/profile.log"; head -30 "$out/profile.log"
+    ;;
+pdl)
+    # programmatic dependent launch (kernels/pdl.py): whether this Triton and GPU have it, the
+    # GEMV and MLP tables with PDL off / on / on without the GEMV's weight prefetch, the
+    # engine step bf16 and FP8 with and without it (same run each), then the serving path's
+    # GPU tests with it on (every runner turns it on where supported) (~9 min)
+    python3 -c "from kernels import pdl; print('PDL:', pdl.supported('cuda') or 'supported', '| self-check:', pdl.self_check('cuda') or 'passed')" \
+        2>&1 | tail -3 | tee "$out/pdl.txt"
+    timeout 150 python3 -m latency_bench.gemv_bench --pdl off,on,noprefetch --m 1 --out "$out" 2>&1 \
+        | grep -v "^    ([A-Z]" | tee "$out/gemv_bench.log"
+    for q in none fp8; do
+        timeout 150 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q --skip-eager \
+            --pdl-baseline --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
+            | grep -v Warn | tee "$out/engine_bench_$q.log"
+    done
+    timeout 150 python3 -m pytest -q --tb=short tests/test_gpu.py tests/test_kernel_gemv.py > "$out/gpu_tests.log" 2>&1
+    grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -12
     ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -1,0 +1,77 @@
+"""kernels/pdl.py (programmatic dependent launch of the step's kernels): where it is off
+and why, the runner's switch, and on a Hopper GPU the same greedy frames with and without
+it (a kernel that read its predecessor's output before that finished would change them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.runner import Runner
+from kernels import pdl
+
+
+def test_off_on_the_cpu_with_the_reason():
+    assert pdl.supported("cpu") == "not a CUDA device"
+    pdl.enable(False)
+    assert pdl.launch_args() == {"PDL": False}
+
+
+def test_a_cpu_runner_leaves_it_off_and_refuses_to_force_it():
+    from engine.bundle import load_bundle
+
+    bundle = load_bundle("tiny", "cpu", torch.float32)
+    runner = Runner(bundle, 2, 256)
+    assert runner.pdl is False and not pdl.enabled()
+    with pytest.raises(RuntimeError, match="PDL asked for but not available: not a CUDA device"):
+        Runner(bundle, 2, 256, pdl=True)
+
+
+def test_launch_args_name_the_kernel_flag_and_the_launch_option():
+    was = pdl.enabled()
+    try:
+        pdl.enable(True)
+        assert pdl.launch_args() == {"PDL": True, "launch_pdl": True}
+    finally:
+        pdl.enable(was)
+
+
+gpu_hopper = pytest.mark.skipif(not torch.cuda.is_available() or pdl.supported("cuda") is not None,
+                                reason="needs a GPU with PDL (Hopper on) and a Triton that launches with it")
+
+
+@pytest.mark.gpu
+@gpu_hopper
+def test_gpu_a_chain_with_pdl_is_the_chain_without():
+    assert pdl.self_check("cuda", links=64) is None
+
+
+@pytest.mark.gpu
+@gpu_hopper
+def test_gpu_the_engine_gives_the_same_greedy_frames_with_and_without_pdl():
+    """CUDA graphs, three streams together and one alone (the GEMV path, its weight
+    prefetch too), 32 steps: every frame equal."""
+    from conftest import UPSTREAM
+    from engine.bundle import ModelBundle, load_bundle
+    from engine.checkpoint import load_checkpoint
+    from engine.prompt import PromptBuilder
+    from test_gpu import GREEDY, TEXTS
+
+    model, tok = load_checkpoint(UPSTREAM / "s2", "cuda", torch.bfloat16)
+    bundle = ModelBundle("s2-fixture", model, tok, load_bundle("tiny", "cuda", torch.float32).codec,
+                         PromptBuilder(tok, model.config), 0.0)
+    runs = []
+    for on in (False, True):
+        runner = Runner(bundle, 8, 512, pdl=on)
+        assert runner.pdl is on and runner.cuda_graphs
+        frames = []
+        for i, text in enumerate(TEXTS):
+            frames.append(np.asarray(runner.prefill_segment(2 * i + 1, 0, bundle.prompts.full(None, text), GREEDY)))
+        length = max(int(runner.positions[2 * i + 1]) for i in range(len(TEXTS))) + 70
+        for _ in range(32):
+            frames.append(np.asarray(runner.read(runner.launch([1, 3, 5], length))))
+            frames.append(np.asarray(runner.read(runner.launch([3], length))))
+        runs.append(np.concatenate([f.reshape(-1) for f in frames]))
+        del runner
+    assert np.array_equal(runs[0], runs[1])
