@@ -393,7 +393,7 @@ pdl)
             --pdl-baseline --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
             | grep -v Warn | tee "$out/engine_bench_$q.log"
     done
-    timeout 150 python3 -m pytest -q --tb=short tests/test_gpu.py tests/test_kernel_gemv.py > "$out/gpu_tests.log" 2>&1
+    timeout 150 python3 -m pytest -q --tb=short tests/test_pdl.py tests/test_gpu.py tests/test_kernel_gemv.py > "$out/gpu_tests.log" 2>&1
     grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -12
     ;;
 *) echo "unknown part $part"; exit 2 ;;
