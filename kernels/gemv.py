@@ -111,7 +111,7 @@ def _gemv_kernel(
     ROWS: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, W_FP8: tl.constexpr, X_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64,
+    PDL: tl.constexpr = 0, PREFETCH_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64,
 ):
     # one program per block of BLOCK_N weight rows, for all ROWS (1..4) rows of x: the
     # tile is loaded once and multiplied into one accumulator per row. Each row's

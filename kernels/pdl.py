@@ -20,6 +20,13 @@ The contract every kernel launched with `launch_args()` keeps (its `PDL` constex
 Kernels launched without PDL (PyTorch's, cuBLAS's, the codec's) wait for their
 predecessor to complete as always, so mixing them in is safe.
 
+When a kernel lets the next one launch matters. Letting it launch first thing, before its
+own wait (`EARLY`), lets every kernel of the step launch at once, each waiting on the one
+before: on an H200 that made chains of GEMVs and the FP8 step slower (w2 15.6 -> 18.1 us,
+the FP8 step at batch 16 5.85 -> 6.56 ms; `bash scripts/gpu_check.sh pdl`, first call).
+After its wait (`AFTER_WAIT`, the default) at most one kernel runs ahead: the next one's
+launch and prologue overlap this one's work.
+
 On/off is process-wide (`enable`): the engine's runner sets it once, after `supported`
 says yes, before it captures its CUDA graphs (a graph keeps the launches it captured).
 Off on the CPU and under the Triton interpreter (which has no grid-dependency ops).
@@ -38,7 +45,11 @@ try:  # the grid-dependency ops (Triton >= 3.3 on NVIDIA); used only when PDL is
 except ImportError:  # pragma: no cover - a Triton without its CUDA extras
     _tl_cuda = None
 
-_enabled = False
+OFF, AFTER_WAIT, EARLY = 0, 1, 2  # the kernels' PDL constexpr: when the next kernel may launch
+_mode = OFF
+# enable(True) with `early` unset takes this (a module setting, so the benchmarks can time
+# the early trigger through the engine's own switch)
+EARLY_DEFAULT = False
 
 
 def supported(device: torch.device | str) -> str | None:
@@ -62,30 +73,36 @@ def supported(device: torch.device | str) -> str | None:
     return None
 
 
-def enable(on: bool) -> None:
-    """Launch the step's kernels with PDL from now on (True) or not. Call before capturing
-    graphs; check `supported` first."""
-    global _enabled
-    _enabled = bool(on)
+def enable(on: bool, early: bool | None = None) -> None:
+    """Launch the step's kernels with PDL from now on (True) or not; `early`: each lets
+    the next launch before its own wait (a measured baseline, slower). Call before
+    capturing graphs; check `supported` first."""
+    global _mode
+    early = EARLY_DEFAULT if early is None else early
+    _mode = (EARLY if early else AFTER_WAIT) if on else OFF
 
 
 def enabled() -> bool:
-    return _enabled
+    return _mode != OFF
 
 
 def launch_args() -> dict:
     """Keyword arguments for a kernel launch: the kernel's PDL constexpr, and Triton's
     launch_pdl option when on."""
-    return {"PDL": True, "launch_pdl": True} if _enabled else {"PDL": False}
+    return {"PDL": _mode, "launch_pdl": True} if _mode != OFF else {"PDL": OFF}
 
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
-    """Let the next kernel launch, then wait for the one before to complete (PDL on);
-    nothing when off. Call before reading what earlier kernels wrote."""
-    if PDL:
+    """Wait for the kernel before to complete, and let the next one launch (PDL on; in
+    the other order with EARLY); nothing when off. Call before reading what earlier
+    kernels wrote."""
+    if PDL == 2:
         _tl_cuda.gdc_launch_dependents()
         _tl_cuda.gdc_wait()
+    elif PDL == 1:
+        _tl_cuda.gdc_wait()
+        _tl_cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -102,14 +119,14 @@ def self_check(device: torch.device | str, links: int = 24) -> str | None:
     kernel that ran ahead of its predecessor would read stale rows), else why not."""
     from kernels.add_rms_norm import add_rms_norm
 
-    was = _enabled
+    was = _mode
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(64, 2560, generator=g, device=device).bfloat16()
     w = (1 + 0.1 * torch.randn(2560, generator=g, device=device)).bfloat16()
     outputs = []
     try:
         for on in (False, True):
-            enable(on)
+            enable(on, early=was == EARLY)
             s, n = x, x
             for _ in range(links):
                 s, n = add_rms_norm(s, n, w, 1e-6)
@@ -118,7 +135,7 @@ def self_check(device: torch.device | str, links: int = 24) -> str | None:
     except Exception as e:  # noqa: BLE001 - any failure means "launch without PDL"
         return f"PDL launch failed: {type(e).__name__}: {str(e)[:200]}"
     finally:
-        enable(was)
+        globals()["_mode"] = was
     if not torch.equal(outputs[0], outputs[1]):
         return "a chain of kernels launched with PDL differs from the same chain without it"
     return None

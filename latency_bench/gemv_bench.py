@@ -38,7 +38,7 @@ from latency_bench.kernel_bench import (HBM_BYTES_PER_S, SHAPES, SMOKE_SHAPES, S
                                         copies_for, make_weights)
 
 SWEEP_MS = [1, 2, 4]
-PDL_MODES = ("off", "on", "noprefetch")
+PDL_MODES = ("off", "on", "noprefetch", "early")
 WRONG_RESULT_TOL = 2e-2  # bf16 rounding is ~4e-3 relative; a wrong tile or scale is > 0.3
 
 
@@ -286,7 +286,8 @@ def main(argv=None) -> int:
     p.add_argument("--pdl", default="off",
                    help="comma-separated launch modes the comparison and the MLP run in, one after another (GPU): off "
                         "(one launch after another), on (programmatic dependent launch with the GEMV's weight "
-                        "prefetch, what the engine does on Hopper: kernels/pdl.py), noprefetch (PDL without it)")
+                        "prefetch, what the engine does on Hopper: kernels/pdl.py), noprefetch (PDL without it), early (each "
+                        "kernel lets the next launch before its own wait)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/gemv_bench")
     a = p.parse_args(argv)
@@ -327,7 +328,7 @@ def main(argv=None) -> int:
         p.error(f"--pdl {a.pdl}: {why}")
     prefetch_tiles = gemv_module.PREFETCH_TILES
     for mode in pdl_modes:
-        pdl.enable(mode != "off")
+        pdl.enable(mode != "off", early=mode == "early")
         gemv_module.PREFETCH_TILES = 0 if mode == "noprefetch" else prefetch_tiles
         key = "" if mode == pdl_modes[0] else f"pdl_{mode}_"
         print(f"launches: PDL {mode}")

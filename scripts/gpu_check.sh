@@ -386,14 +386,14 @@ pdl)
     # GPU tests with it on (every runner turns it on where supported) (~9 min)
     python3 -c "from kernels import pdl; print('PDL:', pdl.supported('cuda') or 'supported', '| self-check:', pdl.self_check('cuda') or 'passed')" \
         2>&1 | tail -3 | tee "$out/pdl.txt"
-    timeout 150 python3 -m latency_bench.gemv_bench --pdl off,on,noprefetch --m 1 --out "$out" 2>&1 \
+    timeout 150 python3 -m latency_bench.gemv_bench --pdl off,on,early --m 1 --out "$out" 2>&1 \
         | grep -v "^    ([A-Z]" | tee "$out/gemv_bench.log"
     for q in none fp8; do
         timeout 150 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q --skip-eager \
             --pdl-baseline --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
             | grep -v Warn | tee "$out/engine_bench_$q.log"
     done
-    timeout 150 python3 -m pytest -q --tb=short tests/test_pdl.py tests/test_gpu.py tests/test_kernel_gemv.py > "$out/gpu_tests.log" 2>&1
+    timeout 150 python3 -m pytest -q --tb=short tests/test_pdl.py tests/test_kernel_gemv.py tests/test_gpu.py > "$out/gpu_tests.log" 2>&1
     grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -12
     ;;
 *) echo "unknown part $part"; exit 2 ;;

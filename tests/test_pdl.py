@@ -15,7 +15,7 @@ from kernels import pdl
 def test_off_on_the_cpu_with_the_reason():
     assert pdl.supported("cpu") == "not a CUDA device"
     pdl.enable(False)
-    assert pdl.launch_args() == {"PDL": False}
+    assert pdl.launch_args() == {"PDL": pdl.OFF}
 
 
 def test_a_cpu_runner_leaves_it_off_and_refuses_to_force_it():
@@ -32,7 +32,9 @@ def test_launch_args_name_the_kernel_flag_and_the_launch_option():
     was = pdl.enabled()
     try:
         pdl.enable(True)
-        assert pdl.launch_args() == {"PDL": True, "launch_pdl": True}
+        assert pdl.launch_args() == {"PDL": pdl.AFTER_WAIT, "launch_pdl": True}
+        pdl.enable(True, early=True)
+        assert pdl.launch_args() == {"PDL": pdl.EARLY, "launch_pdl": True}
     finally:
         pdl.enable(was)
 
