@@ -47,6 +47,11 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Segments prefilled together at most: when many streams flush at once they share one
 # prefill's launches (eager: ~1,000; on a GPU: two graph replays).
 MAX_PREFILL_BATCH = 16
+# Decode graphs of these batch buckets are captured with programmatic dependent launch
+# (kernels/pdl.py) where the GPU has it. Measured on an H200 (engine step, graphs, with
+# against without, same run): FP8 weights 1.09x at batch 1 but 0.96x at 16, 0.99x at 64;
+# bf16 1.02x at 1 and 1.00x at 16 and 64 (latency_bench/reference/h200-s2pro/pdl/).
+PDL_BATCHES = (1,)
 # Graph-captured prefill (GPU): batches of 1..16 streams, chunks of up to 256 positions
 # per stream, at most PREFILL_CHUNK_TOKENS positions per chunk over the batch (bounds
 # the graphs' memory); a longer prefill is several chunks, each attending to the ones
@@ -160,11 +165,16 @@ class Runner:
         self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
         self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
         self.gemv = self._use_gemv(gemv)
+        if self.pdl:
+            from kernels import pdl as pdl_switch
+
+            pdl_switch.enable(False)  # on again only while capturing the graphs of pdl_buckets
         if self.cuda_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.max_running = max_running
         self.max_len = min(max_len, c.max_seq_len)
         self.buckets = batch_buckets(max_running)
+        self.pdl_buckets = [b for b in self.buckets if self.pdl and self.cuda_graphs and b in PDL_BATCHES]
         rows = max_running + 1
         dev = self.device
         # kv_quant "fp8": the slow KV as e4m3 codes + scales (kernels/kv_fp8.py)
@@ -236,11 +246,11 @@ class Runner:
         return why is None
 
     def _use_pdl(self, wanted: bool | None) -> bool:
-        """Launch the step's Triton kernels with programmatic dependent launch (kernels/pdl.py:
-        each one's launch and first weight loads overlap the tail of the one before) or
-        not, and say which. None: on a GPU that supports it, once a chain of kernels
-        launched with it has matched the same chain without it; True insists (raises
-        where unsupported). Process-wide: the last runner made decides."""
+        """Whether the decode graphs of PDL_BATCHES are captured with programmatic dependent
+        launch (kernels/pdl.py), and say which. None: on a GPU that supports it, once a
+        chain of kernels launched with it has matched the same chain without it; True
+        insists (raises where unsupported). The self-checks that follow run with it on,
+        so each kernel has compiled and run that way before its graph is captured."""
         from kernels import pdl
 
         on = self.cuda if wanted is None else wanted
@@ -617,12 +627,18 @@ class Runner:
         """One graph per bucket, largest first (the shared memory pool is sized by it).
         Capture runs before the worker threads start; every row points at the scratch
         row while warming up and capturing, so no stream's state is touched."""
+        from kernels import pdl
+
         pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize(self.device)
-        with torch.inference_mode(), torch.cuda.stream(self.decode_stream):
-            for bucket in reversed(self.buckets):
-                self.batch_slots.fill_(self.scratch_row)
-                self.graphs[bucket], _ = capture(lambda: self._step(bucket, self.max_len), self.decode_stream, pool)
+        try:
+            with torch.inference_mode(), torch.cuda.stream(self.decode_stream):
+                for bucket in reversed(self.buckets):
+                    pdl.enable(bucket in self.pdl_buckets)
+                    self.batch_slots.fill_(self.scratch_row)
+                    self.graphs[bucket], _ = capture(lambda: self._step(bucket, self.max_len), self.decode_stream, pool)
+        finally:
+            pdl.enable(False)  # eager launches (prefill, tools) and the prefill graphs go without
         torch.cuda.synchronize(self.device)
         self._last_slots = None
 

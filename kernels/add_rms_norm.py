@@ -34,7 +34,7 @@ def _add_rms_norm_kernel(
     stride_x, stride_d, stride_s, stride_n,
     dim, eps,
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)

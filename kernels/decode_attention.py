@@ -94,7 +94,7 @@ def _decode_attention_split_kernel(
     scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches, ks_ptr / vs_ptr their fp32
@@ -176,7 +176,7 @@ def _combine_kernel(
     stride_lb, stride_lh,
     stride_ob, stride_oh,
     SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     b = tl.program_id(0)

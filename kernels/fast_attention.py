@@ -37,7 +37,7 @@ def _fast_attention_kernel(
     stride_ob, stride_oh,
     step, scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, POS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     b = tl.program_id(0)

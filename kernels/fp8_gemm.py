@@ -167,7 +167,7 @@ def _fp8_gemm_kernel(
     stride_am, stride_bn, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
     A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     pid_n = tl.program_id(0)
@@ -273,7 +273,7 @@ def _fp8_gemm_kernel(
 
 
 @triton.jit
-def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel

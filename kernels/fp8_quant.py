@@ -110,7 +110,7 @@ def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr,
     K, NUM_GROUPS, stride_xm, stride_qm, stride_sm, stride_sg,
     GROUPS: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     m = tl.program_id(0)
@@ -127,7 +127,7 @@ def _swiglu_quant_kernel(
     g_ptr, u_ptr, q_ptr, s_ptr,
     H, NUM_GROUPS, stride_gm, stride_um, stride_qm, stride_sm, stride_sg,
     GROUPS: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     m = tl.program_id(0)

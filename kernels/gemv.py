@@ -48,17 +48,11 @@ from torch import Tensor
 from kernels.fp8_quant import (_interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
                                quantize_act_reference, quantize_weight, swiglu_quant_reference)
 from kernels.gemv_configs import DEFAULT_CONFIG, TUNED, GemvConfig
-from kernels.pdl import enabled as pdl_enabled
-from kernels.pdl import launch_args, pdl_wait, prefetch_l2
+from kernels.pdl import launch_args, pdl_wait
 from kernels.selfcheck import mismatch
 from kernels.swiglu import swiglu_reference
 
 MAX_M = 4  # rows one launch takes; above, callers use their GEMM
-LINE_BYTES = 128  # an L2 cache line
-# With PDL on (kernels/pdl.py), tiles of its weight slab each program asks into L2 before
-# it waits for the kernel before it to finish (0: none; a module setting, so the
-# benchmarks can time both)
-PREFETCH_TILES = 1
 SCALE_BLOCK = 128
 
 
@@ -111,7 +105,7 @@ def _gemv_kernel(
     ROWS: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, W_FP8: tl.constexpr, X_FP8: tl.constexpr, QUANT_X: tl.constexpr, SWIGLU: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PDL: tl.constexpr = 0, PREFETCH_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64,
+    PDL: tl.constexpr = False,
 ):
     # one program per block of BLOCK_N weight rows, for all ROWS (1..4) rows of x: the
     # tile is loaded once and multiplied into one accumulator per row. Each row's
@@ -127,13 +121,7 @@ def _gemv_kernel(
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     w_rows = w_ptr + rn[:, None] * K
-    if PREFETCH_LINES > 0:
-        # PDL on: the weights are not written by any kernel, so the slab's first lines
-        # (PREFETCH_LINES per row, LINE elements = 128 bytes each) are asked into L2 while
-        # the kernel before this one finishes (kernels/pdl.py); rows and columns clamped
-        lines = tl.minimum(tl.arange(0, PREFETCH_LINES) * LINE, K - 1)
-        prefetch_l2(w_ptr + tl.minimum(rn, N - 1)[:, None] * K + lines[None, :])
-    pdl_wait(PDL)  # the step's earlier kernels are done: x may be read, y written
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         ks = k0 + rk
         if EVEN_N and EVEN_K:
@@ -163,15 +151,6 @@ def _gemv_kernel(
         _row_out(acc2, b_ptr, y_ptr + 2 * stride_ym, rn, N, HAS_BIAS)
     if ROWS > 3:
         _row_out(acc3, b_ptr, y_ptr + 3 * stride_ym, rn, N, HAS_BIAS)
-
-
-def prefetch_lines(config: GemvConfig, k: int, element_size: int) -> int:
-    """128-byte lines per weight row a program asks into L2 before it waits on the kernel
-    before it (PDL on; 0 otherwise): its first PREFETCH_TILES tiles' worth, a power of two."""
-    if not pdl_enabled() or PREFETCH_TILES <= 0:
-        return 0
-    cols = min(k, PREFETCH_TILES * config.block_k)
-    return triton.next_power_of_2(triton.cdiv(cols * element_size, LINE_BYTES))
 
 
 def gemv_config(n: int, k: int, fp8: bool) -> GemvConfig:
@@ -262,7 +241,6 @@ def gemv(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | Non
         NUM_STAGES=config.num_stages, W_FP8=fp8, X_FP8=x_fp8, QUANT_X=quantize_x, SWIGLU=swiglu,
         HAS_BIAS=bias is not None,
         SOFT_ROUND=_interpreting(), num_warps=config.num_warps, **launch_args(),
-        PREFETCH_LINES=prefetch_lines(config, k, w.element_size()), LINE=LINE_BYTES // w.element_size(),
     )
     return y
 

@@ -29,7 +29,7 @@ def _store_kv_fp8_kernel(
     x_ptr, index_ptr, codes_ptr, scales_ptr,
     stride_xn, stride_xk, stride_pos, stride_head,
     HEAD_DIM: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     n = tl.program_id(0)

@@ -43,7 +43,7 @@ def _qk_rope_kv_kernel(
     eps, step,
     H: tl.constexpr, KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr, PER_ROW: tl.constexpr,
     KV_FP8: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches (kernels/kv_fp8.py) and

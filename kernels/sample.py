@@ -64,7 +64,7 @@ def _sample_kernel(
     vocab, window, draw, ras_draw, end_col,
     ras_temperature, ras_top_p,
     DRAWS: tl.constexpr, WINDOW_PAD: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)

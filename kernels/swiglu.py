@@ -28,7 +28,7 @@ BLOCK = 1024
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, out_ptr, stride_x, stride_o, hidden, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _swiglu_kernel(x_ptr, out_ptr, stride_x, stride_o, hidden, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

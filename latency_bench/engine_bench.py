@@ -25,10 +25,11 @@ import torch
 
 from engine.bundle import load_bundle
 from engine.kv_cache import KV_QUANTS
+from engine import runner as runner_module
 from engine.runner import Runner
 from engine.sampling import SamplingParams
-from kernels import gemv as gemv_kernel
-from kernels import pdl
+
+ALL_BATCHES = tuple(range(1, 1025))  # graphs_pdl_all: every bucket captured with PDL
 from latency_bench.jsonfile import write_json
 
 
@@ -131,9 +132,9 @@ def main(argv=None) -> int:
                    help="also run CUDA graphs with every linear layer on its GEMM at every batch (mode graphs_no_gemv): "
                         "the baseline of the small-batch GEMV (kernels/gemv.py, engine/small_batch.py)")
     p.add_argument("--pdl-baseline", action="store_true",
-                   help="also run CUDA graphs with the step's kernels launched one after another (mode graphs_no_pdl), "
-                        "with each letting the next launch before its own wait (graphs_pdl_early) and with PDL but "
-                        "no weight prefetch in the GEMV (graphs_no_prefetch, bf16): the baselines of kernels/pdl.py")
+                   help="also run CUDA graphs with the step's kernels launched one after another at every batch "
+                        "(mode graphs_no_pdl) and with PDL at every batch (graphs_pdl_all): the baselines of "
+                        "kernels/pdl.py and engine/runner.py PDL_BATCHES")
     p.add_argument("--skip-eager", action="store_true", help="on a GPU, time the graph modes only (saves minutes)")
     p.add_argument("--attention-launch", default="measured", choices=["measured", "short"],
                    help="decode attention's launch: the measured choice per batch (kernels/decode_attention.py"
@@ -158,8 +159,7 @@ def main(argv=None) -> int:
         if a.gemv_baseline:
             modes.append("graphs_no_gemv")
         if a.pdl_baseline:
-            # (the prefetch is the GEMV's, which FP8 models do not take)
-            modes += ["graphs_no_pdl", "graphs_pdl_early"] + (["graphs_no_prefetch"] if a.quant == "none" else [])
+            modes += ["graphs_no_pdl", "graphs_pdl_all"]
         if a.skip_eager:
             modes.remove("eager")
     fastest = next((m for m in modes if m == "graphs"), modes[0])
@@ -167,22 +167,20 @@ def main(argv=None) -> int:
     for q in kv_quants[1:]:
         modes.append(f"{fastest}_kv_{q}")
         kv_of[modes[-1]] = q
-    prefetch_tiles = gemv_kernel.PREFETCH_TILES
+    pdl_batches = runner_module.PDL_BATCHES
     results: dict = {"model": bundle.name, "quant": a.quant, "attention_launch": a.attention_launch, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
                      "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
     for mode in modes:
-        gemv_kernel.PREFETCH_TILES = 0 if mode == "graphs_no_prefetch" else prefetch_tiles
-        pdl.EARLY_DEFAULT = mode == "graphs_pdl_early"
+        runner_module.PDL_BATCHES = ALL_BATCHES if mode == "graphs_pdl_all" else pdl_batches
         runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=not mode.startswith("eager"),
                         step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode],
                         gemv=False if mode == "graphs_no_gemv" else None, pdl=False if mode == "graphs_no_pdl" else None)
         results[mode] = {
             "step_kernels": runner.model.step_kernels,
             "gemv": runner.gemv,
-            "pdl": runner.pdl and ("early" if pdl.EARLY_DEFAULT else "after_wait"),
-            "gemv_prefetch_tiles": gemv_kernel.PREFETCH_TILES,
+            "pdl_buckets": runner.pdl_buckets,
             "kv_quant": kv_of[mode],
             "kv_bytes_per_stream": runner.kv_bytes_per_stream(),
             "decode": [bench_decode(runner, b, a.context, a.steps) for b in batches],
@@ -203,12 +201,12 @@ def main(argv=None) -> int:
     for i, b in enumerate(batches):
         print(f"{b:>6} " + " ".join(
             f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
-    gemv_kernel.PREFETCH_TILES = prefetch_tiles
-    pdl.EARLY_DEFAULT = False
-    for base_mode in ("graphs_no_pdl", "graphs_pdl_early", "graphs_no_prefetch"):
+    runner_module.PDL_BATCHES = pdl_batches
+    for base_mode in ("graphs_no_pdl", "graphs_pdl_all"):
         if base_mode in results and "graphs" in results:
             base, new = results[base_mode]["decode"], results["graphs"]["decode"]
-            print(f"graphs (PDL, GEMV prefetch) against {base_mode} (step time ratio, higher is faster): " + ", ".join(
+            print(f"graphs (PDL at batch buckets {results['graphs']['pdl_buckets']}) against {base_mode} (step time "
+                  "ratio, higher is faster): " + ", ".join(
                 f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches)))
     if "graphs_no_gemv" in results and "graphs" in results:
         base, new = results["graphs_no_gemv"]["decode"], results["graphs"]["decode"]

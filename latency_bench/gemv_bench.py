@@ -38,7 +38,7 @@ from latency_bench.kernel_bench import (HBM_BYTES_PER_S, SHAPES, SMOKE_SHAPES, S
                                         copies_for, make_weights)
 
 SWEEP_MS = [1, 2, 4]
-PDL_MODES = ("off", "on", "noprefetch", "early")
+PDL_MODES = ("off", "on")
 WRONG_RESULT_TOL = 2e-2  # bf16 rounding is ~4e-3 relative; a wrong tile or scale is > 0.3
 
 
@@ -285,9 +285,7 @@ def main(argv=None) -> int:
     p.add_argument("--write-configs", action="store_true", help="--sweep: write the table into kernels/gemv_configs.py")
     p.add_argument("--pdl", default="off",
                    help="comma-separated launch modes the comparison and the MLP run in, one after another (GPU): off "
-                        "(one launch after another), on (programmatic dependent launch with the GEMV's weight "
-                        "prefetch, what the engine does on Hopper: kernels/pdl.py), noprefetch (PDL without it), early (each "
-                        "kernel lets the next launch before its own wait)")
+                        "(one launch after another), on (programmatic dependent launch, kernels/pdl.py)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/gemv_bench")
     a = p.parse_args(argv)
@@ -318,7 +316,6 @@ def main(argv=None) -> int:
 
             importlib.reload(gemv_configs)
             tuned_module.TUNED = gemv_configs.TUNED
-    from kernels import gemv as gemv_module
     from kernels import pdl
 
     pdl_modes = a.pdl.split(",")
@@ -326,10 +323,8 @@ def main(argv=None) -> int:
         p.error(f"--pdl takes {', '.join(PDL_MODES)}, got {a.pdl}")
     if pdl_modes != ["off"] and (why := pdl.supported(device)):
         p.error(f"--pdl {a.pdl}: {why}")
-    prefetch_tiles = gemv_module.PREFETCH_TILES
     for mode in pdl_modes:
-        pdl.enable(mode != "off", early=mode == "early")
-        gemv_module.PREFETCH_TILES = 0 if mode == "noprefetch" else prefetch_tiles
+        pdl.enable(mode == "on")
         key = "" if mode == pdl_modes[0] else f"pdl_{mode}_"
         print(f"launches: PDL {mode}")
         rows = compare(timer, shapes, ms, a.smoke)
@@ -343,7 +338,6 @@ def main(argv=None) -> int:
               f"(bf16 floor {mlp['bf16_floor_us']:.1f})")
     results["pdl_modes"] = pdl_modes
     pdl.enable(False)
-    gemv_module.PREFETCH_TILES = prefetch_tiles
     write_json(Path(a.out) / "gemv_bench.json", results)
     print(f"wrote {Path(a.out) / 'gemv_bench.json'}")
     return 0

@@ -28,7 +28,8 @@
 #   bash scripts/gpu_check.sh secondframe  # GPU tests, load c=1,16,64 with the second frame made by the prefill thread vs the decode batch (~7 min)
 #   bash scripts/gpu_check.sh gemv       # small-batch GEMV: tests, launch sweep (written to kernels/gemv_configs.py), kernel vs cuBLAS, engine with/without (~9 min)
 #   bash scripts/gpu_check.sh gemv-profile  # the GEMV table without a sweep (FP8 pre-quantized too), the batch-1 step's kernels (~3 min)
-#   bash scripts/gpu_check.sh pdl        # PDL: support check, GEMV/MLP and engine step (bf16, FP8) with and without it, GPU tests (~9 min)
+#   bash scripts/gpu_check.sh pdl        # PDL: support check, GEMV/MLP and engine step (bf16, FP8) with and without it, GPU tests (~8 min)
+#   bash scripts/gpu_check.sh pdlgate    # PDL as used: GPU tests, FP8 engine step, load c=1,16,64 FP8 and bf16 each gated (~9.5 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -381,12 +382,12 @@ gemv-profile)
     ;;
 pdl)
     # programmatic dependent launch (kernels/pdl.py): whether this Triton and GPU have it, the
-    # GEMV and MLP tables with PDL off / on / on without the GEMV's weight prefetch, the
-    # engine step bf16 and FP8 with and without it (same run each), then the serving path's
-    # GPU tests with it on (every runner turns it on where supported) (~9 min)
+    # GEMV and MLP tables with PDL off / on, the engine step bf16 and FP8 as the runner
+    # captures it (PDL at engine/runner.py PDL_BATCHES) against PDL nowhere and everywhere
+    # (same run each), then the serving path's GPU tests (~8 min)
     python3 -c "from kernels import pdl; print('PDL:', pdl.supported('cuda') or 'supported', '| self-check:', pdl.self_check('cuda') or 'passed')" \
         2>&1 | tail -3 | tee "$out/pdl.txt"
-    timeout 150 python3 -m latency_bench.gemv_bench --pdl off,on,early --m 1 --out "$out" 2>&1 \
+    timeout 150 python3 -m latency_bench.gemv_bench --pdl off,on --m 1 --out "$out" 2>&1 \
         | grep -v "^    ([A-Z]" | tee "$out/gemv_bench.log"
     for q in none fp8; do
         timeout 150 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q --skip-eager \
@@ -395,6 +396,25 @@ pdl)
     done
     timeout 150 python3 -m pytest -q --tb=short tests/test_pdl.py tests/test_kernel_gemv.py tests/test_gpu.py > "$out/gpu_tests.log" 2>&1
     grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -12
+    ;;
+pdlgate)
+    # PDL as the runner uses it, gated: the serving path's GPU tests, the FP8 engine step
+    # against PDL nowhere / everywhere, then the load at c=1,16,64 in FP8 and in bf16, each
+    # gated against its frozen reference (load-fp8.json, load.json) (~9.5 min)
+    timeout 80 python3 -m pytest -q --tb=short tests/test_pdl.py tests/test_gpu.py -k "pdl or batched or graphs or second" \
+        > "$out/gpu_tests.log" 2>&1; grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -6
+    timeout 80 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant fp8 --skip-eager \
+        --pdl-baseline --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_fp8" 2>&1 \
+        | grep -v Warn | tee "$out/engine_bench_fp8.log" | grep -v prefill
+    for q in fp8 none; do
+        work=/tmp/load_$q; rm -rf "$work"; mkdir -p "$work"
+        name=$([ $q = fp8 ] && echo load-fp8 || echo load)
+        timeout $([ $q = fp8 ] && echo 150 || echo 190) python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 \
+            --server-arg=--max-len=1536 --server-arg=--quant=$q --out "$work" 2>&1 | grep -v "active=" | tail -6
+        cp "$work/results.json" "$out/$name.json"
+        python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/$name.json --current "$out/$name.json" \
+            2>&1 | tail -6 | tee "$out/gate-$q.log"
+    done
     ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -15,7 +15,7 @@ from kernels import pdl
 def test_off_on_the_cpu_with_the_reason():
     assert pdl.supported("cpu") == "not a CUDA device"
     pdl.enable(False)
-    assert pdl.launch_args() == {"PDL": pdl.OFF}
+    assert pdl.launch_args() == {"PDL": False}
 
 
 def test_a_cpu_runner_leaves_it_off_and_refuses_to_force_it():
@@ -23,7 +23,7 @@ def test_a_cpu_runner_leaves_it_off_and_refuses_to_force_it():
 
     bundle = load_bundle("tiny", "cpu", torch.float32)
     runner = Runner(bundle, 2, 256)
-    assert runner.pdl is False and not pdl.enabled()
+    assert runner.pdl is False and runner.pdl_buckets == [] and not pdl.enabled()
     with pytest.raises(RuntimeError, match="PDL asked for but not available: not a CUDA device"):
         Runner(bundle, 2, 256, pdl=True)
 
@@ -32,9 +32,7 @@ def test_launch_args_name_the_kernel_flag_and_the_launch_option():
     was = pdl.enabled()
     try:
         pdl.enable(True)
-        assert pdl.launch_args() == {"PDL": pdl.AFTER_WAIT, "launch_pdl": True}
-        pdl.enable(True, early=True)
-        assert pdl.launch_args() == {"PDL": pdl.EARLY, "launch_pdl": True}
+        assert pdl.launch_args() == {"PDL": True, "launch_pdl": True}
     finally:
         pdl.enable(was)
 
@@ -52,8 +50,8 @@ def test_gpu_a_chain_with_pdl_is_the_chain_without():
 @pytest.mark.gpu
 @gpu_hopper
 def test_gpu_the_engine_gives_the_same_greedy_frames_with_and_without_pdl():
-    """CUDA graphs, three streams together and one alone (the GEMV path, its weight
-    prefetch too), 32 steps: every frame equal."""
+    """CUDA graphs, three streams together and one alone (the batch-1 graph is the one
+    captured with PDL: engine/runner.py PDL_BATCHES), 32 steps: every frame equal."""
     from conftest import UPSTREAM
     from engine.bundle import ModelBundle, load_bundle
     from engine.checkpoint import load_checkpoint
@@ -66,7 +64,8 @@ def test_gpu_the_engine_gives_the_same_greedy_frames_with_and_without_pdl():
     runs = []
     for on in (False, True):
         runner = Runner(bundle, 8, 512, pdl=on)
-        assert runner.pdl is on and runner.cuda_graphs
+        assert runner.pdl is on and runner.cuda_graphs and runner.pdl_buckets == ([1] if on else [])
+        assert not pdl.enabled()  # on only while capturing
         frames = []
         for i, text in enumerate(TEXTS):
             frames.append(np.asarray(runner.prefill_segment(2 * i + 1, 0, bundle.prompts.full(None, text), GREEDY)))
