@@ -88,10 +88,10 @@ class EngineConfig:
     # (engine/small_batch.py) on a GPU where it matches its reference; False: the GEMMs
     # at every batch (an A/B baseline). Off in the naive baseline.
     gemv: bool = True
-    # the decode step's Triton kernels launch with programmatic dependent launch on a GPU
-    # that supports it (Hopper on; kernels/pdl.py): each one's launch and first weight
-    # loads overlap the tail of the one before. False: one after another (an A/B
-    # baseline). Off in the naive baseline.
+    # the single-stream decode graph's Triton kernels launch with programmatic dependent
+    # launch on a GPU that supports it (Hopper on; kernels/pdl.py, engine/runner.py
+    # PDL_BATCHES): each one's launch overlaps the work of the one before. False: one
+    # after another (an A/B baseline). Off in the naive baseline.
     pdl: bool = True
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls

@@ -39,7 +39,8 @@ GPU. Each split writes its fp32 partial; the last split of a tile to finish (a p
 counter) sums the partials in split order (deterministic: the same sum whichever finishes
 last), writes the output and resets the counter, all in the one launch. The counters are
 a zeroed buffer per CUDA stream (`_counters`): launches on one stream run one after
-another, and the prefill and decode threads' streams never share one.
+another (launched with PDL, a GEMM waits for the kernel before it before it touches
+them: kernels/pdl.py), and the prefill and decode threads' streams never share one.
 """
 
 from __future__ import annotations

@@ -197,6 +197,15 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
             "scaled_mm": timer.us_per_call([lambda w=w: cublas_fp8(*w) for w in scaled]),
             "bf16": timer.us_per_call([lambda f=f: f(x) for f in bf16]),
         }
+        from kernels import pdl
+
+        if m == 1 and pdl.supported(dev) is None:
+            # as the engine's single-stream graph launches it (engine/runner.py PDL_BATCHES)
+            pdl.enable(True)
+            try:
+                t["fp8_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fp8])
+            finally:
+                pdl.enable(False)
     fl = floors(m, d, 2 * h)
     fl2 = floors(m, h, d)
     floor_us = fl["floor_us"] + fl2["floor_us"]
@@ -285,7 +294,8 @@ def main(argv=None) -> int:
     if not a.no_mlp:
         mlp = results["mlp"] = bench_mlp(timer, SMOKE_MLP if a.smoke else MLP, 1, a.smoke)
         t = mlp["us"]
-        print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: fp8 {t['fp8']:.1f} us (target <= 26, "
+        with_pdl = f", with PDL {t['fp8_pdl']:.1f} us" if "fp8_pdl" in t else ""
+        print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: fp8 {t['fp8']:.1f} us{with_pdl} (target <= 26, "
               f"floor {mlp['floor_us']:.1f}), cuBLAS FP8 {t['scaled_mm']:.1f} us, bf16 {t['bf16']:.1f} us")
     write_json(out / "kernel_bench.json", results)
     print(f"wrote {out / 'kernel_bench.json'}")

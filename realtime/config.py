@@ -64,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                    help="run every linear layer on its GEMM at every batch size instead of the small-batch GEMV "
                         "kernel when one stream decodes (an A/B baseline)")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
-                   help="launch the decode step's kernels one after another instead of with programmatic dependent "
-                        "launch (Hopper on: each kernel's launch overlaps the tail of the one before): an A/B baseline")
+                   help="capture the single-stream decode graph with its kernels launched one after another instead "
+                        "of with programmatic dependent launch (Hopper on: each kernel's launch overlaps the work of "
+                        "the one before): an A/B baseline")
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")
