@@ -553,6 +553,37 @@ def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path
     assert step == 70 and mel < (best + diverged) / 2, (mel, best, diverged)  # nearer the best than the diverged
 
 
+def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_path: Path):
+    """`--set decoder_only=true` on a resumed run: the encoder and the codebooks do not move
+    (the codes of the same audio are bit for bit the same before and after, so a DualAR
+    model trained on them stays valid), the decoding side does, and a fresh run refuses it."""
+    from engine.train import codec_train
+
+    _tone_data(tmp_path / "audio", CODEC.sample_rate)
+    cfg = codec_train.CodecTrainConfig(batch=2, segment_seconds=0.25, lr=3e-3, warmup=5, phone_weight=0.0,
+                                       keep_best=False, rollback_ratio=0.0, restart_every=5)
+    with pytest.raises(ValueError, match="decoder_only fine-tunes a trained codec"):
+        codec_train.train([tmp_path / "audio"], tmp_path / "fresh", 5.0, 10.0,
+                          dataclasses.replace(cfg, decoder_only=True), CODEC, "cpu", 1, max_steps=2, moments=False)
+    codec_train.train([tmp_path / "audio"], tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=20,
+                      moments=False, log_every=5)
+    before, _ = codec_train.load_trained(tmp_path / "run")
+    codec_train.train([tmp_path / "audio"], tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=40,
+                      moments=False, log_every=5, overrides={"decoder_only": True})
+    after, step = codec_train.load_trained(tmp_path / "run")
+    assert step == 40
+    x = _crops(tmp_path / "audio")
+    with torch.no_grad():
+        codes = before.encode(x)
+        assert torch.equal(after.encode(x), codes)
+        assert not torch.allclose(after.decode(codes), before.decode(codes))
+    moved = {name for name, p in after.state_dict().items()
+             if p.is_floating_point() and not torch.equal(p, before.state_dict()[name])}
+    assert moved and all(name.startswith(codec_train.DECODING_SIDE) for name in moved), sorted(moved)[:5]
+    rows = [json.loads(line) for line in (tmp_path / "run/log.jsonl").read_text().splitlines()]
+    assert all(r["restarted"] == 0 for r in rows if r.get("step", 0) > 20)
+
+
 def _crops(folder: Path) -> torch.Tensor:
     from engine.train.audio_data import AudioSet, CropSampler
 

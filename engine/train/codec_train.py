@@ -90,6 +90,40 @@ class CodecTrainConfig:
     # through path, not only in the search (codec_forward._quantize says why); False as
     # every run before 2026-12-02
     unit_codes: bool = False
+    # fine-tune the decoding side only (the quantizer's post-module and upsampling, the
+    # decoder): the encoder, the quantizers' projections and codebooks stay as they are,
+    # so every code keeps its meaning and a DualAR model trained on the codec's codes
+    # needs no retraining. No dead-code restarts, quantizer dropout or phone head then
+    # (each would move or train the frozen side). For a resumed or `state-from-export` run
+    # (`--set decoder_only=true`).
+    decoder_only: bool = False
+
+
+# the codec's modules a decoder_only run trains (under codec.): everything else is frozen
+DECODING_SIDE = ("quantizer.post_module", "quantizer.upsample", "decoder")
+
+
+def freeze_encoding_side_(trainer: CodecTrainer) -> list[str]:
+    """decoder_only: no gradient for (and eval mode in) every codec module outside
+    DECODING_SIDE. Returns the trainable parameters' names."""
+    trainable = []
+    for name, p in trainer.codec.named_parameters():
+        train = name.startswith(DECODING_SIDE)
+        p.requires_grad_(train)
+        if train:
+            trainable.append(name)
+    return trainable
+
+
+def set_train_mode_(trainer: CodecTrainer, decoder_only: bool) -> None:
+    """trainer.train(); with decoder_only the frozen modules stay in eval mode (their
+    dropout, if any, off), so the decoder learns from the codes inference makes."""
+    trainer.train()
+    if decoder_only:
+        for name, module in trainer.codec.named_modules():
+            if name and not name.startswith(DECODING_SIDE) and not any(
+                    side.startswith(name + ".") for side in DECODING_SIDE):
+                module.eval()
 
 
 def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None) -> CodecTrainer:
@@ -98,10 +132,12 @@ def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None)
     codec = init_codec_(Codec(config), cfg.seed)
     if cfg.fused_snake:
         use_fused_snake_(codec)
-    trainer = CodecTrainer(add_weight_norm_(codec), cfg.quantizer_dropout, cfg.restart_every, cfg.bypass_quantizer,
-                           cfg.unit_codes)
-    if cfg.phone_weight > 0:
+    trainer = CodecTrainer(add_weight_norm_(codec), 0.0 if cfg.decoder_only else cfg.quantizer_dropout,
+                           cfg.restart_every, cfg.bypass_quantizer, cfg.unit_codes)
+    if cfg.phone_weight > 0 and not cfg.decoder_only:
         trainer.add_phone_head(NUM_CLASSES)
+    if cfg.decoder_only:
+        freeze_encoding_side_(trainer)
     return trainer.to(device)
 
 
@@ -166,7 +202,9 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     segment = int(cfg.segment_seconds * config.sample_rate) // config.hop_length * config.hop_length
     sampler = CropSampler(audio, segment, device, seed=cfg.seed + step)
     phones = None
-    if cfg.phone_weight > 0:
+    if cfg.decoder_only and step == 0:
+        raise ValueError("decoder_only fine-tunes a trained codec: resume a run or start from `state-from-export`")
+    if cfg.phone_weight > 0 and not cfg.decoder_only:
         if any(u.phones for u in audio.utterances):
             phones = UtteranceSampler(audio, int(cfg.phone_max_seconds * config.sample_rate), config.hop_length,
                                       device, seed=cfg.seed + step)
@@ -183,7 +221,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     clock = Clock(total_minutes or (deadline - time.perf_counter()) / 60, trained_minutes)
     last_save, t_log, history = time.perf_counter(), time.perf_counter(), []
     logged_step = step  # the step of the last log row (or of the start): steps_per_s over the real count
-    trainer.train()
+    set_train_mode_(trainer, cfg.decoder_only)
     profiling = StepProfile(out / "profile.txt", step + 3, profile_steps, device) if profile_steps > 0 else None
     keeper = BestKeeper(rollback_ratio=cfg.rollback_ratio)
     window_mel, window_steps, last_window = torch.zeros((), device=device), 0, None
@@ -210,7 +248,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         window_steps += 1
         logging = step % log_every == 0 or step == 1
         perplexity = trainer.perplexity() if logging else None  # usage since the last restart check
-        restarted = trainer.restart_dead_codes()
+        restarted = 0 if cfg.decoder_only else trainer.restart_dead_codes()
         if logging:
             row = {k: round(float(v.detach()), 5) for k, v in terms.items() if not k.startswith("_")}
             row.update(step=step, lr=optimizer.param_groups[0]["lr"], grad=round(float(grad), 3),

@@ -73,6 +73,9 @@ arm_args() {
     Ib) echo "$(arm_args K) --set batch=64" ;;
     Ic) echo "$(arm_args K) --set head_spectrum_weight=8" ;;
     L) echo "$(arm_args J) --set unit_codes=1" ;;
+    # with FROM_Dd a state-from-export of the packaged codec (scripts/voice/README.md,
+    # "Next for the codec gate"): the decoding side fine-tuned, every code unchanged
+    Dd) echo "--set decoder_only=1 --set lr=3e-4 --set warmup=100" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
