@@ -554,34 +554,42 @@ def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path
 
 
 def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_path: Path):
-    """`--set decoder_only=true` on a resumed run: the encoder and the codebooks do not move
-    (the codes of the same audio are bit for bit the same before and after, so a DualAR
-    model trained on them stays valid), the decoding side does, and a fresh run refuses it."""
+    """The packaged codec's path (scripts/voice/README.md, "Next for the codec gate"): an
+    export of a unit-codes run becomes a state again (`state-from-export`), trains with
+    `decoder_only`, and is exported again. Every encoding-side tensor of the new export is
+    bit for bit the old one's (so the same audio gives the same codes, and a DualAR model
+    trained on them stays valid), the decoding side moved, no code was restarted, and a
+    fresh run refuses the option."""
+    from engine.codec.loader import load_codec
     from engine.train import codec_train
 
     _tone_data(tmp_path / "audio", CODEC.sample_rate)
     cfg = codec_train.CodecTrainConfig(batch=2, segment_seconds=0.25, lr=3e-3, warmup=5, phone_weight=0.0,
-                                       keep_best=False, rollback_ratio=0.0, restart_every=5)
+                                       keep_best=False, rollback_ratio=0.0, restart_every=5, unit_codes=True)
+    data = [tmp_path / "audio"]
     with pytest.raises(ValueError, match="decoder_only fine-tunes a trained codec"):
-        codec_train.train([tmp_path / "audio"], tmp_path / "fresh", 5.0, 10.0,
-                          dataclasses.replace(cfg, decoder_only=True), CODEC, "cpu", 1, max_steps=2, moments=False)
-    codec_train.train([tmp_path / "audio"], tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=20,
-                      moments=False, log_every=5)
-    before, _ = codec_train.load_trained(tmp_path / "run")
-    codec_train.train([tmp_path / "audio"], tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=40,
-                      moments=False, log_every=5, overrides={"decoder_only": True})
-    after, step = codec_train.load_trained(tmp_path / "run")
-    assert step == 40
+        codec_train.train(data, tmp_path / "fresh", 5.0, 10.0, dataclasses.replace(cfg, decoder_only=True), CODEC,
+                          "cpu", 1, max_steps=2, moments=False)
+    codec_train.train(data, tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=20, moments=False)
+    codec_train.export(codec_train.load_trained(tmp_path / "run")[0], tmp_path / "packaged")  # fp16, as shipped
+    codec_train.state_from_export(tmp_path / "packaged", tmp_path / "tune", 20, cfg)
+    codec_train.train(data, tmp_path / "tune", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=40, moments=False,
+                      log_every=5, overrides={"decoder_only": True})
+    codec_train.export(codec_train.load_trained(tmp_path / "tune")[0], tmp_path / "tuned")
+    old = torch.load(tmp_path / "packaged/codec.pth")
+    new = torch.load(tmp_path / "tuned/codec.pth")
+    encoding = [k for k in old if not k.startswith(codec_train.DECODING_SIDE)]
+    assert encoding and all(torch.equal(old[k], new[k]) for k in encoding), \
+        [k for k in encoding if not torch.equal(old[k], new[k])][:5]
+    assert any(not torch.equal(old[k], new[k]) for k in old if k.startswith(codec_train.DECODING_SIDE))
+    before, after = load_codec(tmp_path / "packaged/codec.pth"), load_codec(tmp_path / "tuned/codec.pth")
     x = _crops(tmp_path / "audio")
     with torch.no_grad():
         codes = before.encode(x)
         assert torch.equal(after.encode(x), codes)
         assert not torch.allclose(after.decode(codes), before.decode(codes))
-    moved = {name for name, p in after.state_dict().items()
-             if p.is_floating_point() and not torch.equal(p, before.state_dict()[name])}
-    assert moved and all(name.startswith(codec_train.DECODING_SIDE) for name in moved), sorted(moved)[:5]
-    rows = [json.loads(line) for line in (tmp_path / "run/log.jsonl").read_text().splitlines()]
-    assert all(r["restarted"] == 0 for r in rows if r.get("step", 0) > 20)
+    rows = [json.loads(line) for line in (tmp_path / "tune/log.jsonl").read_text().splitlines()]
+    assert rows and all(r["restarted"] == 0 for r in rows if "step" in r)
 
 
 def _crops(folder: Path) -> torch.Tensor:

@@ -331,7 +331,10 @@ def load_trained(out: Path, device: str = "cpu") -> tuple[Codec, int]:
     config = CodecConfig(**extra["codec_config"])
     codec = add_weight_norm_(Codec(config))
     st = checkpoints.load(state_dir, codec, None)
-    if extra["train_config"].get("unit_codes", False):
+    # a decoder_only run's codebooks are those of the export it started from, already
+    # normalized there: normalizing them again would move rows by a rounding step in the
+    # exported fp16 and could flip a code the DualAR model was trained on
+    if extra["train_config"].get("unit_codes", False) and not extra["train_config"].get("decoder_only", False):
         normalize_codebooks_(codec)
     return fold_weight_norm_(codec).to(device).eval(), st["step"]
 
