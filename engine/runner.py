@@ -160,15 +160,13 @@ class Runner:
         self.attention_kernel = self.cuda if attention_kernel is None else attention_kernel
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
         self.kv_quant = kv_quant
-        # before the self-checks and the graph captures below, which launch with it
         self.pdl = self._use_pdl(pdl)
-        self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
-        self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
-        self.gemv = self._use_gemv(gemv)
-        if self.pdl:
-            from kernels import pdl as pdl_switch
+        from kernels.pdl import launching
 
-            pdl_switch.enable(False)  # on again only while capturing the graphs of pdl_buckets
+        with launching(self.pdl):  # each kernel has compiled and matched its reference as the graphs launch it
+            self.fused_qkv = self._fused_qkv_ok() if fused_qkv is None else fused_qkv
+            self.model.step_kernels = self._step_kernels_ok() if step_kernels is None else step_kernels
+            self.gemv = self._use_gemv(gemv)
         if self.cuda_graphs and not self.cuda:
             raise ValueError("CUDA graphs need a CUDA device")
         self.max_running = max_running
@@ -249,8 +247,7 @@ class Runner:
         """Whether the decode graphs of PDL_BATCHES are captured with programmatic dependent
         launch (kernels/pdl.py), and say which. None: on a GPU that supports it, once a
         chain of kernels launched with it has matched the same chain without it; True
-        insists (raises where unsupported). The self-checks that follow run with it on,
-        so each kernel has compiled and run that way before its graph is captured."""
+        insists (raises where unsupported)."""
         from kernels import pdl
 
         on = self.cuda if wanted is None else wanted
@@ -260,7 +257,6 @@ class Runner:
                 raise RuntimeError(f"PDL asked for but not available: {why}")
             log.warning("PDL off (kernels launch one after another): %s", why)
             on = False
-        pdl.enable(on)
         return on
 
     def _use_gemv(self, wanted: bool | None) -> bool:
@@ -627,18 +623,16 @@ class Runner:
         """One graph per bucket, largest first (the shared memory pool is sized by it).
         Capture runs before the worker threads start; every row points at the scratch
         row while warming up and capturing, so no stream's state is touched."""
-        from kernels import pdl
+        from kernels.pdl import launching
 
         pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize(self.device)
-        try:
-            with torch.inference_mode(), torch.cuda.stream(self.decode_stream):
-                for bucket in reversed(self.buckets):
-                    pdl.enable(bucket in self.pdl_buckets)
-                    self.batch_slots.fill_(self.scratch_row)
+        with torch.inference_mode(), torch.cuda.stream(self.decode_stream):
+            for bucket in reversed(self.buckets):
+                self.batch_slots.fill_(self.scratch_row)
+                # eager launches (prefill, tools) and the prefill graphs go without
+                with launching(bucket in self.pdl_buckets):
                     self.graphs[bucket], _ = capture(lambda: self._step(bucket, self.max_len), self.decode_stream, pool)
-        finally:
-            pdl.enable(False)  # eager launches (prefill, tools) and the prefill graphs go without
         torch.cuda.synchronize(self.device)
         self._last_slots = None
 

@@ -31,14 +31,16 @@ launch before its own wait (every kernel of the step launched at once; FP8 batch
 ms, w2's GEMV 15.7 -> 18.1 us), and the GEMV asking its first weight tile into L2 before
 its wait (bf16 batch 1 5.77 against 5.54 ms without).
 
-On/off is process-wide (`enable`): the runner turns it on around the captures that take
-it and off again (a graph keeps the launches it captured). Off on the CPU and under the
+On/off is process-wide (`enable`, `launching`): the runner turns it on around its
+self-checks and the captures that take it, and off again (a graph keeps the launches it
+captured). Off on the CPU and under the
 Triton interpreter (which has no grid-dependency ops).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 import triton
@@ -84,6 +86,18 @@ def enabled() -> bool:
     return _enabled
 
 
+@contextmanager
+def launching(on: bool):
+    """`enable(on)` for the launches (or graph captures) in the block, then back to what
+    it was."""
+    was = _enabled
+    enable(on)
+    try:
+        yield
+    finally:
+        enable(was)
+
+
 def launch_args() -> dict:
     """Keyword arguments for a kernel launch: the kernel's PDL constexpr, and Triton's
     launch_pdl option when on."""
@@ -105,23 +119,20 @@ def self_check(device: torch.device | str, links: int = 24) -> str | None:
     kernel that ran ahead of its predecessor would read stale rows), else why not."""
     from kernels.add_rms_norm import add_rms_norm
 
-    was = _enabled
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(64, 2560, generator=g, device=device).bfloat16()
     w = (1 + 0.1 * torch.randn(2560, generator=g, device=device)).bfloat16()
     outputs = []
     try:
         for on in (False, True):
-            enable(on)
-            s, n = x, x
-            for _ in range(links):
-                s, n = add_rms_norm(s, n, w, 1e-6)
+            with launching(on):
+                s, n = x, x
+                for _ in range(links):
+                    s, n = add_rms_norm(s, n, w, 1e-6)
             outputs.append(torch.cat([s, n]))
         torch.cuda.synchronize(device)
     except Exception as e:  # noqa: BLE001 - any failure means "launch without PDL"
         return f"PDL launch failed: {type(e).__name__}: {str(e)[:200]}"
-    finally:
-        enable(was)
     if not torch.equal(outputs[0], outputs[1]):
         return "a chain of kernels launched with PDL differs from the same chain without it"
     return None

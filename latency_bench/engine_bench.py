@@ -28,8 +28,6 @@ from engine.kv_cache import KV_QUANTS
 from engine import runner as runner_module
 from engine.runner import Runner
 from engine.sampling import SamplingParams
-
-ALL_BATCHES = tuple(range(1, 1025))  # graphs_pdl_all: every bucket captured with PDL
 from latency_bench.jsonfile import write_json
 
 
@@ -173,7 +171,7 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
     for mode in modes:
-        runner_module.PDL_BATCHES = ALL_BATCHES if mode == "graphs_pdl_all" else pdl_batches
+        runner_module.PDL_BATCHES = runner_module.BUCKETS if mode == "graphs_pdl_all" else pdl_batches
         runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=not mode.startswith("eager"),
                         step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode],
                         gemv=False if mode == "graphs_no_gemv" else None, pdl=False if mode == "graphs_no_pdl" else None)

@@ -324,20 +324,19 @@ def main(argv=None) -> int:
     if pdl_modes != ["off"] and (why := pdl.supported(device)):
         p.error(f"--pdl {a.pdl}: {why}")
     for mode in pdl_modes:
-        pdl.enable(mode == "on")
-        key = "" if mode == pdl_modes[0] else f"pdl_{mode}_"
-        print(f"launches: PDL {mode}")
-        rows = compare(timer, shapes, ms, a.smoke)
-        results[key + "rows"] = rows
-        print(compare_table(rows))
-        mlp = results[key + "mlp"] = bench_mlp(timer, *((256, 384) if a.smoke else (2560, 9728)), a.smoke)
-        mlp["pdl"] = mode
-        u = mlp["us"]
-        print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: gemv fp8 {u['gemv_fp8']:.1f} us, pre-quantized "
-              f"{u['gemv_fp8_prequant']:.1f} us (target <= 26, floor {mlp['fp8_floor_us']:.1f}), gemv bf16 {u['gemv_bf16']:.1f} us, cuBLAS bf16 {u['cublas_bf16']:.1f} us "
-              f"(bf16 floor {mlp['bf16_floor_us']:.1f})")
+        with pdl.launching(mode == "on"):
+            key = "" if mode == pdl_modes[0] else f"pdl_{mode}_"
+            print(f"launches: PDL {mode}")
+            rows = compare(timer, shapes, ms, a.smoke)
+            results[key + "rows"] = rows
+            print(compare_table(rows))
+            mlp = results[key + "mlp"] = bench_mlp(timer, *((256, 384) if a.smoke else (2560, 9728)), a.smoke)
+            mlp["pdl"] = mode
+            u = mlp["us"]
+            print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: gemv fp8 {u['gemv_fp8']:.1f} us, pre-quantized "
+                  f"{u['gemv_fp8_prequant']:.1f} us (target <= 26, floor {mlp['fp8_floor_us']:.1f}), gemv bf16 {u['gemv_bf16']:.1f} us, cuBLAS bf16 {u['cublas_bf16']:.1f} us "
+                  f"(bf16 floor {mlp['bf16_floor_us']:.1f})")
     results["pdl_modes"] = pdl_modes
-    pdl.enable(False)
     write_json(Path(a.out) / "gemv_bench.json", results)
     print(f"wrote {Path(a.out) / 'gemv_bench.json'}")
     return 0

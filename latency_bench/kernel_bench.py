@@ -201,11 +201,8 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
 
         if m == 1 and pdl.supported(dev) is None:
             # as the engine's single-stream graph launches it (engine/runner.py PDL_BATCHES)
-            pdl.enable(True)
-            try:
+            with pdl.launching(True):
                 t["fp8_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fp8])
-            finally:
-                pdl.enable(False)
     fl = floors(m, d, 2 * h)
     fl2 = floors(m, h, d)
     floor_us = fl["floor_us"] + fl2["floor_us"]

@@ -19,11 +19,16 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0.0, allow_end=False)
 
 
-@pytest.fixture(scope="module")
-def bundle():
-    model, tok = load_checkpoint(UPSTREAM / "s2", "cuda", torch.float32)
+def s2_fixture(dtype: torch.dtype) -> ModelBundle:
+    """The upstream S2 fixture checkpoint on the GPU in `dtype`, with the tiny codec."""
+    model, tok = load_checkpoint(UPSTREAM / "s2", "cuda", dtype)
     codec = load_bundle("tiny", "cuda", torch.float32).codec
     return ModelBundle("s2-fixture", model, tok, codec, PromptBuilder(tok, model.config), 0.0)
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return s2_fixture(torch.float32)
 
 
 def run_streams(runner: Runner, bundle: ModelBundle, texts: list[str], steps: int) -> list[list[np.ndarray]]:

@@ -29,12 +29,9 @@ def test_a_cpu_runner_leaves_it_off_and_refuses_to_force_it():
 
 
 def test_launch_args_name_the_kernel_flag_and_the_launch_option():
-    was = pdl.enabled()
-    try:
-        pdl.enable(True)
+    with pdl.launching(True):
         assert pdl.launch_args() == {"PDL": True, "launch_pdl": True}
-    finally:
-        pdl.enable(was)
+    assert pdl.launch_args() == {"PDL": False}  # back to what it was
 
 
 gpu_hopper = pytest.mark.skipif(not torch.cuda.is_available() or pdl.supported("cuda") is not None,
@@ -52,15 +49,9 @@ def test_gpu_a_chain_with_pdl_is_the_chain_without():
 def test_gpu_the_engine_gives_the_same_greedy_frames_with_and_without_pdl():
     """CUDA graphs, three streams together and one alone (the batch-1 graph is the one
     captured with PDL: engine/runner.py PDL_BATCHES), 32 steps: every frame equal."""
-    from conftest import UPSTREAM
-    from engine.bundle import ModelBundle, load_bundle
-    from engine.checkpoint import load_checkpoint
-    from engine.prompt import PromptBuilder
-    from test_gpu import GREEDY, TEXTS
+    from test_gpu import GREEDY, TEXTS, s2_fixture
 
-    model, tok = load_checkpoint(UPSTREAM / "s2", "cuda", torch.bfloat16)
-    bundle = ModelBundle("s2-fixture", model, tok, load_bundle("tiny", "cuda", torch.float32).codec,
-                         PromptBuilder(tok, model.config), 0.0)
+    bundle = s2_fixture(torch.bfloat16)
     runs = []
     for on in (False, True):
         runner = Runner(bundle, 8, 512, pdl=on)
