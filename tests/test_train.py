@@ -556,7 +556,8 @@ def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path
 def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_path: Path):
     """The packaged codec's path (scripts/voice/README.md, "Next for the codec gate"): an
     export of a unit-codes run becomes a state again (`state-from-export`), trains with
-    `decoder_only`, and is exported again. Every encoding-side tensor of the new export is
+    `decoder_only` (its state saved in fp16, as on the GPU machine), and is exported again.
+    Every encoding-side tensor of the new export is
     bit for bit the old one's (so the same audio gives the same codes, and a DualAR model
     trained on them stays valid), the decoding side moved, no code was restarted, and a
     fresh run refuses the option."""
@@ -573,8 +574,10 @@ def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_pa
     codec_train.train(data, tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=20, moments=False)
     codec_train.export(codec_train.load_trained(tmp_path / "run")[0], tmp_path / "packaged")  # fp16, as shipped
     codec_train.state_from_export(tmp_path / "packaged", tmp_path / "tune", 20, cfg)
+    # half_params as on the GPU machine (scripts/voice/gpu_codec_ab.sh --half-state): the
+    # frozen side must still come back bit for bit
     codec_train.train(data, tmp_path / "tune", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=40, moments=False,
-                      log_every=5, overrides={"decoder_only": True})
+                      log_every=5, overrides={"decoder_only": True}, half_params=True)
     codec_train.export(codec_train.load_trained(tmp_path / "tune")[0], tmp_path / "tuned")
     old = torch.load(tmp_path / "packaged/codec.pth")
     new = torch.load(tmp_path / "tuned/codec.pth")
@@ -590,6 +593,34 @@ def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_pa
         assert not torch.allclose(after.decode(codes), before.decode(codes))
     rows = [json.loads(line) for line in (tmp_path / "tune/log.jsonl").read_text().splitlines()]
     assert rows and all(r["restarted"] == 0 for r in rows if "step" in r)
+
+
+def test_export_keeps_the_encoding_side_of_an_earlier_export(tmp_path: Path):
+    """`export --encoding-from`: a decoder_only run's export takes every tensor outside the
+    decoding side from the export it started from (for states whose frozen weights were
+    rounded), the decoding side stays its own; other configs or names are refused."""
+    import dataclasses as dc
+
+    from engine.codec.model import Codec
+    from engine.train import codec_train
+
+    codec_train.export(Codec(CODEC), tmp_path / "start")
+    codec_train.export(Codec(CODEC), tmp_path / "tuned")
+    state = torch.load(tmp_path / "tuned/codec.pth")
+    encoder = next(k for k in state if k.startswith("encoder.") and state[k].is_floating_point())
+    decoder = next(k for k in state if k.startswith("decoder.") and state[k].is_floating_point())
+    state[encoder] = state[encoder] + 1
+    state[decoder] = state[decoder] + 1
+    own_decoder = state[decoder].clone()
+    torch.save(state, tmp_path / "tuned/codec.pth")
+    kept = codec_train.keep_encoding_side(tmp_path / "tuned", tmp_path / "start")
+    start, tuned = torch.load(tmp_path / "start/codec.pth"), torch.load(tmp_path / "tuned/codec.pth")
+    assert kept == sum(not k.startswith(codec_train.DECODING_SIDE) for k in start)
+    assert torch.equal(tuned[encoder], start[encoder])
+    assert torch.equal(tuned[decoder], own_decoder) and not torch.equal(tuned[decoder], start[decoder])
+    codec_train.export(Codec(dc.replace(CODEC, latent_dim=CODEC.latent_dim * 2)), tmp_path / "other")
+    with pytest.raises(ValueError, match="different codec configs"):
+        codec_train.keep_encoding_side(tmp_path / "other", tmp_path / "start")
 
 
 def _crops(folder: Path) -> torch.Tensor:

@@ -368,6 +368,29 @@ def export(codec: Codec, folder: Path, dtype: torch.dtype = torch.float16) -> No
     (folder / CONFIG_FILE).write_text(codec.config.to_json())
 
 
+def keep_encoding_side(folder: Path, source: Path) -> int:
+    """Overwrite, in folder/codec.pth, every tensor outside DECODING_SIDE with the one in
+    source/codec.pth (same config and names, else ValueError). For decoder_only states
+    saved before checkpoints.save kept frozen parameters in fp32: their weight-norm factors
+    had been rounded to fp16, which moved frozen weights by a rounding step. Returns how
+    many tensors were taken."""
+    from engine.codec.loader import CONFIG_FILE
+
+    if (folder / CONFIG_FILE).read_text() != (source / CONFIG_FILE).read_text():
+        raise ValueError(f"{folder} and {source} have different codec configs")
+    ours, theirs = torch.load(folder / "codec.pth", weights_only=True), torch.load(source / "codec.pth", weights_only=True)
+    if ours.keys() != theirs.keys():
+        raise ValueError(f"{folder} and {source} name different tensors")
+    frozen = [k for k in ours if not k.startswith(DECODING_SIDE)]
+    for k in frozen:
+        if theirs[k].shape != ours[k].shape or theirs[k].dtype != ours[k].dtype:
+            raise ValueError(f"{k}: {theirs[k].dtype} {list(theirs[k].shape)} in {source}, "
+                             f"{ours[k].dtype} {list(ours[k].shape)} here")
+        ours[k] = theirs[k]
+    torch.save(ours, folder / "codec.pth")
+    return len(frozen)
+
+
 @torch.no_grad()
 def encode_set(codec: Codec, data: list[Path], device: str, workers: int = 1, batch_seconds: float = 120.0) -> dict:
     """Codes of every utterance (train and test): {'codes': int16 [C, frames total],
@@ -450,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--out", type=Path, required=True, help="the training folder")
     e.add_argument("--to", type=Path, required=True)
     e.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    e.add_argument("--encoding-from", type=Path, metavar="CODEC_FOLDER",
+                   help="a decoder_only run's export: every tensor outside the decoding side taken bit for bit "
+                        "from this earlier export (the one the run started from), so the codes stay its codes")
     f = sub.add_parser("state-from-export", help="a training state to resume from an exported codec")
     f.add_argument("--codec", type=Path, required=True, help="folder with codec.pth + codec_config.json")
     f.add_argument("--out", type=Path, required=True, help="the training folder to create (OUT/state)")
@@ -481,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "export":
         codec, step = load_trained(args.out)
         export(codec, args.to, getattr(torch, args.dtype))
+        if args.encoding_from:
+            kept = keep_encoding_side(args.to, args.encoding_from)
+            print(f"{kept} encoding-side tensors from {args.encoding_from}", file=sys.stderr)
         print(f"exported step {step} to {args.to}", file=sys.stderr)
     else:
         from engine.codec.loader import load_codec

@@ -76,6 +76,14 @@ arm_args() {
     # with FROM_Dd a state-from-export of the packaged codec (scripts/voice/README.md,
     # "Next for the codec gate"): the decoding side fine-tuned, every code unchanged
     Dd) echo "--set decoder_only=1 --set lr=3e-4 --set warmup=100" ;;
+    # Dd with twice the head-spectrum weight (the magnitude the blame probe blames), and
+    # Dd at twice the batch with a higher peak learning rate (the CPU run's batch 16 plateaued)
+    Dh) echo "$(arm_args Dd) --set head_spectrum_weight=8" ;;
+    Db) echo "--set decoder_only=1 --set lr=5e-4 --set warmup=100 --set batch=64" ;;
+    # with FROM_ Db's state (its round trip 0.198, 2026-12-03): a second cycle at a lower
+    # peak, and one at twice the batch again
+    Dc) echo "--set decoder_only=1 --set lr=3e-4 --set warmup=100 --set batch=64" ;;
+    De) echo "--set decoder_only=1 --set lr=4e-4 --set warmup=100 --set batch=128" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
