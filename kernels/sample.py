@@ -18,13 +18,24 @@ as `gumbel_noise`, so no noise tensor goes through memory.
 In PyTorch a draw is torch.topk (sorting 128 candidates out of 4,096: 29 us on an H200
 at batch 1) and ~20 small kernels; 11 draws a frame at the S2 shape came to ~0.65 ms of a
 7.3 ms decode step at batch 1 (latency_bench/profile_step.py). Here one program per row
-walks the candidates from the top, one max-reduction each, and stops at the first that
-top-k or top-p drops (for RAS, once both draws have stopped): a draw costs as many
-reductions as it has live candidates, at most MAX_TOP_K.
+does the draw, one of two ways (the same draws):
+- the walk: the candidates from the top, one max-reduction over the whole row each,
+  stopping at the first that top-k or top-p drops (for RAS, once both draws have
+  stopped): as many dependent reductions as live candidates, up to top_k. Over flat
+  logits (random weights) that was 30 of them, ~20 us a draw on an H200 at any batch
+  (the step profile: 10 draws, 0.2 ms of a 6.2 ms step at batch 1);
+- gathered (the default for sampled rows): every key at or above the top_k-th largest of
+  128 group maxima (a superset of the top_k candidates; ~40 of 4,096 for flat logits at
+  top_k 30) goes to a few scratch slots of the row, is sorted there, and the draw is
+  computed for all of them at once: what top-k and top-p keep is a prefix of the sorted
+  order (both only ever turn false along it), so the walk's stops become masks over a
+  cumulative sum. A row with more than GATHER_CAP such keys (a top_k near MAX_TOP_K
+  over flat logits) walks instead. latency_bench/sample_bench.py times both.
 
 Differences from the PyTorch path, by design: the cumulative probability is summed in
-candidate order in fp32 (torch.cumsum may associate differently, so a candidate within
-~1e-7 of the top_p boundary can fall on the other side), and tied logits are ordered by
+fp32, in candidate order by the walk and as a scan when gathered (torch.cumsum may
+associate differently, so a candidate within ~1e-7 of the top_p boundary can fall on
+the other side), and tied logits are ordered by
 token id (torch.topk leaves their order unspecified).
 """
 
@@ -58,13 +69,92 @@ def _gumbel(key, rank):
 
 
 @triton.jit
+def _decode_key(cur, BLOCK: tl.constexpr):
+    """(logit, token) of candidate keys (see _sample_kernel); NaN logits for no candidate."""
+    o = (cur >> 32).to(tl.int32)
+    val = (o ^ ((o >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    return val, BLOCK - 1 - (cur & 0xFFFFFFFF)
+
+
+@triton.jit
+def _draw_by_walk(keys, lse, top_p, top_k, greedy, inv_t, key, ras_key, ras_temperature, ras_top_p,
+                  BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr):
+    """The candidates walked from the top, one max-reduction over all of `keys` each, until
+    top-k or top-p drops one (for RAS, once both draws have). Returns (token, RAS token)."""
+    prev = tl.full([], 2**63 - 1, tl.int64)  # above every key
+    cum = tl.zeros([], tl.float32)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_tok = tl.zeros([], tl.int64)
+    hot_best = tl.full([], float("-inf"), tl.float32)
+    hot_tok = tl.zeros([], tl.int64)
+    live = tl.full([], 1, tl.int1)  # the draw still has candidates to look at
+    hot_live = (tl.full([], 1, tl.int1) if SEMANTIC else tl.full([], 0, tl.int1)) & ~greedy
+    rank = tl.zeros([], tl.int32)
+    while (rank < MAX_K) & (live | hot_live):
+        cur = tl.max(tl.where(keys < prev, keys, -(2**63)), axis=0)
+        prev = cur
+        val, tok = _decode_key(cur, BLOCK)
+        cum += tl.exp(val - lse)
+        first = rank == 0
+        # no candidate left: a vocabulary smaller than top_k ran out, or a row of NaN / -inf
+        # logits had none (then the token stays 0, in range: a broken row must not index
+        # an embedding out of bounds)
+        found = cur > -(2**63)
+        in_k = (rank < top_k) & found
+        keep = live & found & (first | ((cum <= top_p) & in_k))
+        score = val * inv_t + _gumbel(key, rank)
+        take = keep & (score > best)
+        best = tl.where(take, score, best)
+        best_tok = tl.where(take | (first & greedy & found), tok, best_tok)
+        live = keep & ~greedy
+        if SEMANTIC:  # the RAS redraw: temperature ras_temperature, top_p ras_top_p, same top_k
+            hot_keep = hot_live & found & (first | ((cum <= ras_top_p) & in_k))
+            hot_score = val / ras_temperature + _gumbel(ras_key, rank)
+            hot_take = hot_keep & (hot_score > hot_best)
+            hot_best = tl.where(hot_take, hot_score, hot_best)
+            hot_tok = tl.where(hot_take, tok, hot_tok)
+            hot_live = hot_keep
+        rank += 1
+    return best_tok, hot_tok
+
+
+@triton.jit
+def _draw_sorted(cand, lse, top_p, top_k, greedy, inv_t, key, ras_key, ras_temperature, ras_top_p,
+                 BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr, CAP: tl.constexpr):
+    """The same draws over `cand` [CAP], a set of keys that holds every candidate top-k can
+    keep (padded with -2**63), all at once: sorted, the cumulative probability as a scan,
+    and what top-k / top-p keep is a prefix of the sorted order (both conditions only ever
+    turn false along it), so the walk's stops are masks. Returns (token, RAS token)."""
+    cur = tl.sort(cand, descending=True)
+    rank = tl.arange(0, CAP)
+    val, tok = _decode_key(cur, BLOCK)
+    found = cur > -(2**63)
+    cum = tl.cumsum(tl.where(found, tl.exp(val - lse), 0.0), axis=0)
+    first = rank == 0
+    in_k = (rank < top_k) & (rank < MAX_K) & found
+    any_found = tl.max(found.to(tl.int32), axis=0) > 0
+    keep = found & (first | ((cum <= top_p) & in_k))
+    score = tl.where(keep, val * inv_t + _gumbel(key, rank), float("-inf"))
+    pick = tl.where(greedy, 0, tl.argmax(score, axis=0))  # ties: the higher candidate, as the walk's strict >
+    best_tok = tl.where(any_found, tl.sum(tl.where(rank == pick, tok, 0), axis=0), 0)
+    hot_tok = tl.zeros([], tl.int64)
+    if SEMANTIC:
+        hot_keep = found & (first | ((cum <= ras_top_p) & in_k))
+        hot_score = tl.where(hot_keep, val / ras_temperature + _gumbel(ras_key, rank), float("-inf"))
+        hot_pick = tl.argmax(hot_score, axis=0)
+        hot_tok = tl.where(any_found & ~greedy, tl.sum(tl.where(rank == hot_pick, tok, 0), axis=0), 0)
+    return best_tok, hot_tok
+
+
+@triton.jit
 def _sample_kernel(
     logits_ptr, temp_ptr, top_p_ptr, top_k_ptr, seed_ptr, step_ptr, allow_end_ptr, ras_ptr, window_ptr, out_ptr,
+    scratch_ptr,
     stride_l, stride_w, stride_wi,
     vocab, window, draw, ras_draw, end_col,
     ras_temperature, ras_top_p,
     DRAWS: tl.constexpr, WINDOW_PAD: tl.constexpr, BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr,
-    PDL: tl.constexpr = False,
+    GATHER: tl.constexpr, GROUPS: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)
@@ -91,42 +181,34 @@ def _sample_kernel(
     key = _hash32((seed & 0xFFFFFFFF) ^ _hash32(step * DRAWS + draw))
     ras_key = _hash32((seed & 0xFFFFFFFF) ^ _hash32(step * DRAWS + ras_draw))
 
-    prev = tl.full([], 2**63 - 1, tl.int64)  # above every key
-    cum = tl.zeros([], tl.float32)
-    best = tl.full([], float("-inf"), tl.float32)
     best_tok = tl.zeros([], tl.int64)
-    hot_best = tl.full([], float("-inf"), tl.float32)
     hot_tok = tl.zeros([], tl.int64)
-    live = tl.full([], 1, tl.int1)  # the draw still has candidates to look at
-    hot_live = (tl.full([], 1, tl.int1) if SEMANTIC else tl.full([], 0, tl.int1)) & ~greedy
-    rank = tl.zeros([], tl.int32)
-    while (rank < MAX_K) & (live | hot_live):
-        cur = tl.max(tl.where(keys < prev, keys, -(2**63)), axis=0)
-        prev = cur
-        o = (cur >> 32).to(tl.int32)
-        val = (o ^ ((o >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-        tok = BLOCK - 1 - (cur & 0xFFFFFFFF)
-        cum += tl.exp(val - lse)
-        first = rank == 0
-        # no candidate left: a vocabulary smaller than top_k ran out, or a row of NaN / -inf
-        # logits had none (then the token stays 0, in range: a broken row must not index
-        # an embedding out of bounds)
-        found = cur > -(2**63)
-        in_k = (rank < top_k) & found
-        keep = live & found & (first | ((cum <= top_p) & in_k))
-        score = val * inv_t + _gumbel(key, rank)
-        take = keep & (score > best)
-        best = tl.where(take, score, best)
-        best_tok = tl.where(take | (first & greedy & found), tok, best_tok)
-        live = keep & ~greedy
-        if SEMANTIC:  # the RAS redraw: temperature ras_temperature, top_p ras_top_p, same top_k
-            hot_keep = hot_live & found & (first | ((cum <= ras_top_p) & in_k))
-            hot_score = val / ras_temperature + _gumbel(ras_key, rank)
-            hot_take = hot_keep & (hot_score > hot_best)
-            hot_best = tl.where(hot_take, hot_score, hot_best)
-            hot_tok = tl.where(hot_take, tok, hot_tok)
-            hot_live = hot_keep
-        rank += 1
+    walk = tl.full([], 1, tl.int1)
+    if GATHER:
+        if temperature > 0.0:  # (a greedy row's walk stops at its first candidate)
+            # Every candidate top-k can keep is >= the top_k-th largest of the GROUPS group
+            # maxima (top_k groups have a maximum at least that high). The keys at or above
+            # it (for flat logits at top_k 30 and 4,096 tokens: ~40) are gathered into this
+            # row's CAP scratch slots and drawn from all at once; more than CAP of them (a
+            # top_k near MAX_K, a vocabulary of ties) take the walk over all keys instead.
+            groups = tl.max(tl.reshape(keys, (GROUPS, BLOCK // GROUPS)), axis=1)
+            ranked = tl.sort(groups, descending=True)
+            g = tl.arange(0, GROUPS)
+            floor = tl.max(tl.where(g == tl.minimum(top_k, MAX_K) - 1, ranked, -(2**63)), axis=0)
+            inside = (keys >= floor) & (keys > -(2**63))
+            count = tl.sum(inside.to(tl.int32), axis=0)
+            if count <= CAP:
+                slot = tl.cumsum(inside.to(tl.int32), axis=0) - 1
+                tl.store(scratch_ptr + row * CAP + slot, keys, mask=inside)
+                tl.debug_barrier()  # every thread's gathered keys written before any is read back
+                c = tl.arange(0, CAP)
+                cand = tl.load(scratch_ptr + row * CAP + c, mask=c < count, other=-(2**63))
+                best_tok, hot_tok = _draw_sorted(cand, lse, top_p, top_k, greedy, inv_t, key, ras_key,
+                                                 ras_temperature, ras_top_p, BLOCK, MAX_K, SEMANTIC, CAP)
+                walk = tl.full([], 0, tl.int1)
+    if walk:
+        best_tok, hot_tok = _draw_by_walk(keys, lse, top_p, top_k, greedy, inv_t, key, ras_key, ras_temperature,
+                                          ras_top_p, BLOCK, MAX_K, SEMANTIC)
     out = best_tok
     if SEMANTIC:  # resample a semantic token that is already in the stream's window
         w = tl.arange(0, WINDOW_PAD)
@@ -150,13 +232,20 @@ def _check(logits: Tensor, params) -> int:
     return b
 
 
+# the gathered draw: group maxima per row (the threshold's resolution) and the scratch
+# slots a row gathers into (more candidates than this fall back to the walk)
+GATHER_GROUPS = 128
+GATHER_CAP = 256
+
+
 def sample_tokens(
     logits: Tensor, params, step: Tensor, draw: int, max_top_k: int,
-    semantic: tuple[Tensor, int, int, float, float] | None = None,
+    semantic: tuple[Tensor, int, int, float, float] | None = None, gather: bool = True,
 ) -> Tensor:
     """See the module docstring. params: engine.sampling.SamplingTensors (its rows follow
     logits'). semantic: (window [B, W] int32, end column, RAS draw slot, RAS temperature,
-    RAS top_p) for the slow head's draw, whose last column is end-of-speech."""
+    RAS top_p) for the slow head's draw, whose last column is end-of-speech. gather=False:
+    always the walk over all keys (the benchmark's baseline; the same draws)."""
     b = _check(logits, params)
     if step.shape != (b,) or step.dtype != torch.int64:
         raise ValueError(f"step must be int64 [{b}]")
@@ -169,14 +258,18 @@ def sample_tokens(
             raise ValueError("end-of-speech must be the last column of the semantic logits")
     else:
         window, end_col, ras_draw, ras_t, ras_p = logits, -1, 0, 1.0, 1.0  # unread
+    block = triton.next_power_of_2(logits.shape[1])
+    cap = min(GATHER_CAP, block)
+    scratch = torch.empty(b, cap, dtype=torch.int64, device=logits.device) if gather else out  # gathered keys
     if b:
         _sample_kernel[(b,)](
             logits, params.temperature, params.top_p, params.top_k, params.seed, step,
-            params.allow_end, params.ras, window, out,
+            params.allow_end, params.ras, window, out, scratch,
             logits.stride(0), window.stride(0), window.stride(1) if semantic is not None else 0,
             logits.shape[1], window.shape[1] if semantic is not None else 0, draw, ras_draw, end_col, ras_t, ras_p,
             DRAWS=DRAWS_PER_FRAME, WINDOW_PAD=triton.next_power_of_2(window.shape[1]) if semantic is not None else 1,
-            BLOCK=triton.next_power_of_2(logits.shape[1]), MAX_K=max_top_k, SEMANTIC=semantic is not None,
+            BLOCK=block, MAX_K=max_top_k, SEMANTIC=semantic is not None,
+            GATHER=gather, GROUPS=min(GATHER_GROUPS, block), CAP=cap,
             num_warps=8 if logits.shape[1] > 2048 else 4, **launch_args(),
         )
     return out

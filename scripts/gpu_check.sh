@@ -29,6 +29,7 @@
 #   bash scripts/gpu_check.sh gemv       # small-batch GEMV: tests, launch sweep (written to kernels/gemv_configs.py), kernel vs cuBLAS, engine with/without (~9 min)
 #   bash scripts/gpu_check.sh gemv-profile  # the GEMV table without a sweep (FP8 pre-quantized too), the batch-1 step's kernels (~3 min)
 #   bash scripts/gpu_check.sh pdl        # PDL: support check, GEMV/MLP and engine step (bf16, FP8) with and without it, GPU tests (~8 min)
+#   bash scripts/gpu_check.sh sample     # the sampling kernel: GPU tests, walk vs gathered benchmark, FP8 load gated (~5 min)
 #   bash scripts/gpu_check.sh pdlgate    # PDL as used: GPU tests, FP8 engine step, load c=1,16,64 FP8 and bf16 each gated (~9.5 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
@@ -415,6 +416,20 @@ pdlgate)
         python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/$name.json --current "$out/$name.json" \
             2>&1 | tail -6 | tee "$out/gate-$q.log"
     done
+    ;;
+sample)
+    # the sampling kernel's gathered draw (kernels/sample.py): its GPU tests and the
+    # runner's sampled frames against PyTorch, the walk vs gathered benchmark, then the
+    # FP8 load at c=1,16,64 gated against load-fp8.json (~5 min)
+    timeout 100 python3 -m pytest -q --tb=short tests/test_kernel_sample.py tests/test_step_kernels.py \
+        > "$out/gpu_tests.log" 2>&1; grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -6
+    timeout 90 python3 -m latency_bench.sample_bench --out "$out" 2>&1 | grep -v Warn | tee "$out/sample_bench.log"
+    work=/tmp/load_fp8; rm -rf "$work"; mkdir -p "$work"
+    timeout 170 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 \
+        --server-arg=--max-len=1536 --server-arg=--quant=fp8 --out "$work" 2>&1 | grep -v "active=" | tail -6
+    cp "$work/results.json" "$out/load-fp8.json"
+    python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/load-fp8.json --current "$out/load-fp8.json" \
+        2>&1 | tail -6 | tee "$out/gate-fp8.log"
     ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

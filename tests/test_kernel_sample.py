@@ -104,3 +104,47 @@ def test_the_kernels_noise_stride_is_the_engines():
     from kernels import sample
 
     assert sample.DRAWS_PER_FRAME == DRAWS_PER_FRAME
+
+
+def _gathered_rows(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Which rows the kernel draws from gathered candidates (the rule in kernels/sample.py,
+    over logits: a tie of logits ties the keys' order too): at most GATHER_CAP logits at
+    or above the top_k-th largest of the GATHER_GROUPS group maxima."""
+    from kernels import sample
+
+    b, v = logits.shape
+    block = 1 << (v - 1).bit_length()
+    padded = torch.full((b, block), float("-inf"), device=logits.device)
+    padded[:, :v] = logits.float()
+    groups = min(sample.GATHER_GROUPS, block)
+    maxima = padded.view(b, groups, -1).amax(-1).sort(-1, descending=True).values
+    k = top_k.clamp(max=MAX_TOP_K)
+    floor = torch.where(k <= groups, maxima.gather(1, (k.clamp(max=groups) - 1)[:, None])[:, 0], float("-inf"))
+    return ((padded >= floor[:, None]) & (padded > float("-inf"))).sum(-1) <= min(sample.GATHER_CAP, block)
+
+
+@pytest.mark.parametrize("vocab, semantic", [(4096, False), (4097, True), (1000, False)])
+def test_gathered_draws_are_the_walks(vocab, semantic):
+    """The draw from gathered candidates (sorted, the stops as masks) gives token for token
+    what the walk over all keys gives, on flat and peaked logits, ties, every setting; the
+    inputs take both paths (a top_k of 128 over flat logits gathers too many)."""
+    settings = SETTINGS + [(0.8, 0.9, 30, 8, True, True), (1.0, 1.0, 128, 9, True, True)]
+    params, b = params_for(settings), len(settings)
+    g = torch.Generator().manual_seed(vocab)
+    paths = set()
+    for trial in range(3):
+        logits = torch.randn(b, vocab, generator=g) * (0.5 + 2 * trial)
+        if trial == 2:
+            logits = (logits * 2).round() / 2  # many tied logits
+        logits = logits.to(DEVICE)
+        paths |= set(_gathered_rows(logits, params.top_k).tolist())
+        step = torch.randint(0, 10_000, (b,), generator=g).to(DEVICE)
+        extra = ()
+        if semantic:
+            window = torch.randint(-1, vocab - 1, (b, 10), generator=g, dtype=torch.int32).to(DEVICE)
+            window[:, 3] = logits[:, :-1].argmax(-1).int()
+            extra = ((window, vocab - 1, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P),)
+        draw = 0 if semantic else 1 + trial
+        walked = sample_tokens(logits, params, step, draw, MAX_TOP_K, *extra, gather=False)
+        assert torch.equal(sample_tokens(logits, params, step, draw, MAX_TOP_K, *extra), walked), trial
+    assert paths == {True, False}
