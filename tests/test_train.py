@@ -554,7 +554,7 @@ def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path
 
 
 def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_path: Path):
-    """The packaged codec's path (scripts/voice/README.md, "Next for the codec gate"): an
+    """The packaged codec's path (scripts/voice/README.md, "The codec's decoding side fine-tuned"): an
     export of a unit-codes run becomes a state again (`state-from-export`), trains with
     `decoder_only` (its state saved in fp16, as on the GPU machine), and is exported again.
     Every encoding-side tensor of the new export is

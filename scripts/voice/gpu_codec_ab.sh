@@ -74,7 +74,7 @@ arm_args() {
     Ic) echo "$(arm_args K) --set head_spectrum_weight=8" ;;
     L) echo "$(arm_args J) --set unit_codes=1" ;;
     # with FROM_Dd a state-from-export of the packaged codec (scripts/voice/README.md,
-    # "Next for the codec gate"): the decoding side fine-tuned, every code unchanged
+    # "The codec's decoding side fine-tuned"): the decoding side fine-tuned, every code unchanged
     Dd) echo "--set decoder_only=1 --set lr=3e-4 --set warmup=100" ;;
     # Dd with twice the head-spectrum weight (the magnitude the blame probe blames), and
     # Dd at twice the batch with a higher peak learning rate (the CPU run's batch 16 plateaued)
