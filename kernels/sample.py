@@ -35,8 +35,8 @@ does the draw, one of two ways (the same draws):
 Differences from the PyTorch path, by design: the cumulative probability is summed in
 fp32, in candidate order by the walk and as a scan when gathered (torch.cumsum may
 associate differently, so a candidate within ~1e-7 of the top_p boundary can fall on
-the other side), and tied logits are ordered by
-token id (torch.topk leaves their order unspecified).
+the other side), and tied logits are ordered by token id (torch.topk leaves their order
+unspecified).
 """
 
 from __future__ import annotations
