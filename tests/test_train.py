@@ -1064,3 +1064,16 @@ def test_pulse_grains_are_cut_from_one_continuous_source():
     later, _ = frame_phases(f0[:3], rate, hop, phase0=end)
     again, _ = frame_phases(torch.full((9,), 123.0), rate, hop)
     assert torch.allclose(torch.cos(later), torch.cos(again[6:]), atol=1e-4)
+
+
+def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor():
+    """A state that already trained its schedule's minutes would train a whole call at the
+    floor learning rate: the clock says so (the trainers print it), and not otherwise."""
+    from engine.train.schedule import Clock, lr_at
+
+    spent = Clock(total_minutes=7.2, trained_minutes=7.0)
+    assert spent.spent() is None  # 0.2 minutes of the cycle left
+    spent = Clock(total_minutes=7.2, trained_minutes=7.2)
+    assert "floor" in spent.spent() and "7.2" in spent.spent()
+    assert lr_at(10_000, spent.progress, 3e-4, 100, 0.1) == pytest.approx(3e-5)
+    assert Clock(total_minutes=15.0, trained_minutes=7.2).spent() is None

@@ -33,3 +33,12 @@ class Clock:
     @property
     def progress(self) -> float:
         return self.minutes / max(self.total, 1e-9)
+
+    def spent(self) -> str | None:
+        """Why a resumed run would train at the schedule's floor the whole call (its planned
+        minutes already trained), else None. Measured: two codec arms resumed with a total
+        below their state's minutes ran a 7-minute call at 1/10 of their lr without a word."""
+        if self.before < self.total:
+            return None
+        return (f"the schedule's {self.total:.1f} planned minutes are already trained ({self.before:.1f}): this run "
+                f"stays at the floor learning rate; a --total-minutes above {self.before:.1f} gives it a cycle")
