@@ -16,7 +16,12 @@ Two diagnoses of where a difference comes from:
   block-scaled e4m3 layout and back, activations unquantized (what the weights' rounding
   alone does; not a mode the service runs);
 - `--ceiling`: first the same count for the model in fp32 against bf16, i.e. how often
-  greedy decoding survives a numerical change no larger than bf16's own rounding.
+  greedy decoding survives a numerical change no larger than bf16's own rounding;
+- `--margins`: for the gate's input, every greedy codebook draw of the bf16 run: its top-2
+  logit margin, FP8's largest logit shift there, and both argmaxes (on the default voice,
+  2026-12-03: frame 1's first residual draw is an exact tie in bf16, margin 0, while FP8
+  moves those logits by up to 0.44; the draws before it have margins of 0.125-1.56
+  against FP8 shifts of 0.25-0.47).
 """
 
 from __future__ import annotations
@@ -91,6 +96,35 @@ def agreement(bundle, texts: list[str], want: list, n_frames: int, label: str, v
     return frames_equal, semantic_equal
 
 
+def draw_margins(model_name: str, device: str, n_frames: int) -> None:
+    """See --margins in the module docstring. The codebook logits each greedy draw saw
+    (engine/frame.py sample_codebook, the PyTorch path: on a GPU the runs here take it
+    too, as greedy_run builds no Runner), bf16 against FP8."""
+    import engine.frame as frame
+
+    seen: dict[bool, list[torch.Tensor]] = {}
+    for fp8 in (False, True):
+        bundle = load_bundle(model_name, device, torch.bfloat16)
+        if fp8:
+            quantize_model_(bundle.model, kernel=bundle.device.type == "cuda")
+        seen[fp8], draw = [], frame.sample_codebook
+
+        def spy(logits, *args, _draw=draw, _into=seen[fp8], **kwargs):
+            _into.append(logits[0].float().cpu())
+            return _draw(logits, *args, **kwargs)
+
+        frame.sample_codebook = spy
+        try:
+            greedy_run(bundle, n_frames)
+        finally:
+            frame.sample_codebook = draw
+    per_frame = len(seen[False]) // n_frames
+    for i, (a, b) in enumerate(zip(seen[False], seen[True])):
+        top = a.topk(2).values
+        print(f"frame {i // per_frame} codebook {i % per_frame + 1}: bf16 top-2 margin {float(top[0] - top[1]):.3f}, "
+              f"FP8 shift max {float((b - a).abs().max()):.3f}, argmax bf16 {int(a.argmax())} / FP8 {int(b.argmax())}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="default")
@@ -100,7 +134,13 @@ def main() -> int:
     p.add_argument("--weights-only", action="store_true",
                    help="weights rounded through FP8 and back, activations unquantized (a diagnosis)")
     p.add_argument("--ceiling", action="store_true", help="also the fp32 model against bf16")
+    p.add_argument("--margins", action="store_true",
+                   help="only: the gate input's codebook draws, bf16 top-2 margins against FP8's logit shifts")
     args = p.parse_args()
+    if args.margins:
+        torch.set_grad_enabled(False)
+        draw_margins(args.model, args.device, args.frames)
+        return 0
     plain = [item["text"] for item in plain_sentences()]
     texts = [GATE_TEXT, *plain][: args.inputs]
     torch.set_grad_enabled(False)

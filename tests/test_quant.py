@@ -196,3 +196,20 @@ def test_fp8_bundle_speaks_through_the_cli(tmp_path):
     assert is_quantized(bundle.model)
     with pytest.raises(ValueError, match="unknown quantization"):
         load_bundle("tiny", "cpu", quant="int4")
+
+
+def test_margins_report_every_greedy_codebook_draw(capsys):
+    """fp8_agreement --margins: one line per codebook draw of the gate input's greedy run,
+    whose bf16 argmax is the token greedy decoding took there."""
+    from latency_bench.fp8_agreement import draw_margins
+
+    draw_margins("tiny", "cpu", 3)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("frame ")]
+    bundle = load_bundle("tiny", "cpu", torch.bfloat16)
+    frames, _ = greedy_run(bundle, 3)
+    residual = bundle.config.num_codebooks - 1
+    assert len(lines) == 3 * residual
+    for i, line in enumerate(lines):
+        margin = float(line.split("margin ")[1].split(",")[0])
+        taken = int(line.split("argmax bf16 ")[1].split(" /")[0])
+        assert margin >= 0 and taken == int(frames[2 + i % residual, i // residual]), line
