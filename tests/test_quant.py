@@ -213,3 +213,18 @@ def test_margins_report_every_greedy_codebook_draw(capsys):
         margin = float(line.split("margin ")[1].split(",")[0])
         taken = int(line.split("argmax bf16 ")[1].split(" /")[0])
         assert margin >= 0 and taken == int(frames[2 + i % residual, i // residual]), line
+
+
+def test_fp32_fast_logits_keep_the_accumulators_precision():
+    """fp8_agreement --fp32-fast-logits: the fast head's logits come out in fp32, equal to
+    the fp32 matmul of the same bf16 values (no rounding to bf16 before the draw)."""
+    from latency_bench.fp8_agreement import fp32_fast_logits_
+
+    bundle = load_bundle("tiny", "cpu", torch.bfloat16)
+    x = torch.randn(2, bundle.config.fast_dim, dtype=torch.bfloat16)
+    rounded = bundle.model.fast_output(x)
+    fp32_fast_logits_(bundle)
+    exact = bundle.model.fast_output(x)
+    assert rounded.dtype == torch.bfloat16 and exact.dtype == torch.float32
+    assert torch.equal(exact, x.float() @ bundle.model.fast_output.weight.float().T)
+    assert (exact - rounded.float()).abs().max() <= 0.01 * exact.abs().max()  # the same head, rounded
