@@ -25,7 +25,7 @@ does the draw, one of two ways (the same draws):
   logits (random weights) that was 30 of them, ~20 us a draw on an H200 at any batch
   (the step profile: 10 draws, 0.2 ms of a 6.2 ms step at batch 1);
 - gathered (the default for sampled rows): every key at or above the top_k-th largest of
-  128 group maxima (a superset of the top_k candidates; ~40 of 4,096 for flat logits at
+  128 group maxima (a superset of the top_k candidates; ~34 of 4,096 for flat logits at
   top_k 30) goes to a few scratch slots of the row, is sorted there, and the draw is
   computed for all of them at once: what top-k and top-p keep is a prefix of the sorted
   order (both only ever turn false along it), so the walk's stops become masks over a
@@ -188,9 +188,10 @@ def _sample_kernel(
         if temperature > 0.0:  # (a greedy row's walk stops at its first candidate)
             # Every candidate top-k can keep is >= the top_k-th largest of the GROUPS group
             # maxima (top_k groups have a maximum at least that high). The keys at or above
-            # it (for flat logits at top_k 30 and 4,096 tokens: ~40) are gathered into this
-            # row's CAP scratch slots and drawn from all at once; more than CAP of them (a
-            # top_k near MAX_K, a vocabulary of ties) take the walk over all keys instead.
+            # it (for flat logits at top_k 30 and 4,096 tokens: ~34, at most ~45) are
+            # gathered into this row's CAP scratch slots and drawn from all at once; more
+            # than CAP of them (a top_k near MAX_K, a vocabulary of ties) take the walk
+            # over all keys instead.
             groups = tl.max(tl.reshape(keys, (GROUPS, BLOCK // GROUPS)), axis=1)
             ranked = tl.sort(groups, descending=True)
             g = tl.arange(0, GROUPS)
