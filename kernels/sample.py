@@ -119,10 +119,10 @@ def _draw_by_walk(keys, lse, top_p, top_k, greedy, inv_t, key, ras_key, ras_temp
 
 
 @triton.jit
-def _draw_sorted(cand, lse, top_p, top_k, greedy, inv_t, key, ras_key, ras_temperature, ras_top_p,
+def _draw_sorted(cand, lse, top_p, top_k, inv_t, key, ras_key, ras_temperature, ras_top_p,
                  BLOCK: tl.constexpr, MAX_K: tl.constexpr, SEMANTIC: tl.constexpr, CAP: tl.constexpr):
-    """The same draws over `cand` [CAP], a set of keys that holds every candidate top-k can
-    keep (padded with -2**63), all at once: sorted, the cumulative probability as a scan,
+    """The same draws for a sampled (not greedy) row over `cand` [CAP], a set of keys that
+    holds every candidate top-k can keep (padded with -2**63), all at once: sorted, the cumulative probability as a scan,
     and what top-k / top-p keep is a prefix of the sorted order (both conditions only ever
     turn false along it), so the walk's stops are masks. Returns (token, RAS token)."""
     cur = tl.sort(cand, descending=True)
@@ -135,14 +135,14 @@ def _draw_sorted(cand, lse, top_p, top_k, greedy, inv_t, key, ras_key, ras_tempe
     any_found = tl.max(found.to(tl.int32), axis=0) > 0
     keep = found & (first | ((cum <= top_p) & in_k))
     score = tl.where(keep, val * inv_t + _gumbel(key, rank), float("-inf"))
-    pick = tl.where(greedy, 0, tl.argmax(score, axis=0))  # ties: the higher candidate, as the walk's strict >
+    pick = tl.argmax(score, axis=0)  # ties: the higher candidate, as the walk's strict >
     best_tok = tl.where(any_found, tl.sum(tl.where(rank == pick, tok, 0), axis=0), 0)
     hot_tok = tl.zeros([], tl.int64)
     if SEMANTIC:
         hot_keep = found & (first | ((cum <= ras_top_p) & in_k))
         hot_score = tl.where(hot_keep, val / ras_temperature + _gumbel(ras_key, rank), float("-inf"))
         hot_pick = tl.argmax(hot_score, axis=0)
-        hot_tok = tl.where(any_found & ~greedy, tl.sum(tl.where(rank == hot_pick, tok, 0), axis=0), 0)
+        hot_tok = tl.where(any_found, tl.sum(tl.where(rank == hot_pick, tok, 0), axis=0), 0)
     return best_tok, hot_tok
 
 
@@ -204,8 +204,8 @@ def _sample_kernel(
                 tl.debug_barrier()  # every thread's gathered keys written before any is read back
                 c = tl.arange(0, CAP)
                 cand = tl.load(scratch_ptr + row * CAP + c, mask=c < count, other=-(2**63))
-                best_tok, hot_tok = _draw_sorted(cand, lse, top_p, top_k, greedy, inv_t, key, ras_key,
-                                                 ras_temperature, ras_top_p, BLOCK, MAX_K, SEMANTIC, CAP)
+                best_tok, hot_tok = _draw_sorted(cand, lse, top_p, top_k, inv_t, key, ras_key, ras_temperature,
+                                                 ras_top_p, BLOCK, MAX_K, SEMANTIC, CAP)
                 walk = tl.full([], 0, tl.int1)
     if walk:
         best_tok, hot_tok = _draw_by_walk(keys, lse, top_p, top_k, greedy, inv_t, key, ras_key, ras_temperature,

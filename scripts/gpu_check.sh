@@ -63,6 +63,18 @@ kv_fp8_faster() {
 r = g['graphs']['decode'][-1]['step_ms'] / g['graphs_kv_fp8']['decode'][-1]['step_ms']; print(f'last batch: FP8 KV {r:.2f}x');
 sys.exit(0 if r > 1.03 else 1)"
 }
+# the reference workload at c=1,16,64 with --quant=$1 (fp8 or none) within $2 seconds,
+# gated against its frozen reference (load-fp8.json or load.json); files $out/<name>.json
+gated_load() {
+    local q=$1 work=/tmp/load_$1 name
+    name=$([ "$q" = fp8 ] && echo load-fp8 || echo load)
+    rm -rf "$work"; mkdir -p "$work"
+    timeout "$2" python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 \
+        --server-arg=--max-len=1536 --server-arg=--quant="$q" --out "$work" 2>&1 | grep -v "active=" | tail -6
+    cp "$work/results.json" "$out/$name.json"
+    python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/$name.json --current "$out/$name.json" \
+        2>&1 | tail -6 | tee "$out/gate-$q.log"
+}
 case "$part" in
 tests)
     timeout 540 python3 -m pytest -q -x "${gpu_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
@@ -407,15 +419,8 @@ pdlgate)
     timeout 80 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant fp8 --skip-eager \
         --pdl-baseline --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_fp8" 2>&1 \
         | grep -v Warn | tee "$out/engine_bench_fp8.log" | grep -v prefill
-    for q in fp8 none; do
-        work=/tmp/load_$q; rm -rf "$work"; mkdir -p "$work"
-        name=$([ $q = fp8 ] && echo load-fp8 || echo load)
-        timeout $([ $q = fp8 ] && echo 150 || echo 190) python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 \
-            --server-arg=--max-len=1536 --server-arg=--quant=$q --out "$work" 2>&1 | grep -v "active=" | tail -6
-        cp "$work/results.json" "$out/$name.json"
-        python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/$name.json --current "$out/$name.json" \
-            2>&1 | tail -6 | tee "$out/gate-$q.log"
-    done
+    gated_load fp8 150
+    gated_load none 190
     ;;
 sample)
     # the sampling kernel's gathered draw (kernels/sample.py): its GPU tests and the
@@ -424,12 +429,7 @@ sample)
     timeout 100 python3 -m pytest -q --tb=short tests/test_kernel_sample.py tests/test_step_kernels.py \
         > "$out/gpu_tests.log" 2>&1; grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -6
     timeout 90 python3 -m latency_bench.sample_bench --out "$out" 2>&1 | grep -v Warn | tee "$out/sample_bench.log"
-    work=/tmp/load_fp8; rm -rf "$work"; mkdir -p "$work"
-    timeout 170 python3 -m latency_bench "${bench[@]}" --concurrency 1,16,64 \
-        --server-arg=--max-len=1536 --server-arg=--quant=fp8 --out "$work" 2>&1 | grep -v "active=" | tail -6
-    cp "$work/results.json" "$out/load-fp8.json"
-    python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/load-fp8.json --current "$out/load-fp8.json" \
-        2>&1 | tail -6 | tee "$out/gate-fp8.log"
+    gated_load fp8 170
     ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -1066,7 +1066,7 @@ def test_pulse_grains_are_cut_from_one_continuous_source():
     assert torch.allclose(torch.cos(later), torch.cos(again[6:]), atol=1e-4)
 
 
-def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor():
+def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor(capsys):
     """A state that already trained its schedule's minutes would train a whole call at the
     floor learning rate: the clock says so (the trainers print it), and not otherwise."""
     from engine.train.schedule import Clock, lr_at
@@ -1077,3 +1077,7 @@ def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor():
     assert "floor" in spent.spent() and "7.2" in spent.spent()
     assert lr_at(10_000, spent.progress, 3e-4, 100, 0.1) == pytest.approx(3e-5)
     assert Clock(total_minutes=15.0, trained_minutes=7.2).spent() is None
+    Clock(total_minutes=15.0, trained_minutes=7.2).warn_if_spent()
+    assert capsys.readouterr().err == ""
+    spent.warn_if_spent()
+    assert capsys.readouterr().err == f"warning: {spent.spent()}\n"

@@ -1,10 +1,10 @@
 """Resumable training state in pieces small enough to come back from the GPU machine
 (at most 8 files of 16 MiB per call there): parameters in fp32 (or fp16 with
 `half_params`: half the bytes, so that a resumed call's upload has room for more audio;
-the resume rounds each trained weight once, ~5e-4 relative; frozen ones stay fp32), optionally the AdamW moments in
-bf16 (bf16 keeps fp32's exponent range, so tiny second moments survive), split into
-files of at most `max_file_bytes`, plus `state.json` (step, config, extras). Buffers that
-are not floating point (counters) keep their dtype: exact.
+the resume rounds each trained weight once, ~5e-4 relative; frozen ones stay fp32),
+optionally the AdamW moments in bf16 (bf16 keeps fp32's exponent range, so tiny second
+moments survive), split into files of at most `max_file_bytes`, plus `state.json` (step,
+config, extras). Buffers that are not floating point (counters) keep their dtype: exact.
 
 A later call resumes from the folder; without moments (a checkpoint that had to be
 smaller) the optimizer restarts its moments and the trainer re-warms the learning rate.
@@ -72,7 +72,7 @@ def save(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer 
     fp32 with half_params: they came from an export whose weight-norm factors (norm,
     direction) are not fp16 values, so rounding them moved the frozen weights by a rounding
     step at the next export, and with them the codes (measured: a GPU run's export differed
-    from its start in 5 encoder and quantizer weights)."""
+    from its start in 8 encoder and quantizer tensors)."""
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     params = {k: _stored(v, half_params and k not in frozen) for k, v in model.state_dict().items()}
     state = {"step": step, "extra": extra or {}}

@@ -219,8 +219,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     deadline = t_start + minutes * 60
     # the schedule counts training time only (not the data loading above)
     clock = Clock(total_minutes or (deadline - time.perf_counter()) / 60, trained_minutes)
-    if clock.spent():
-        print(f"warning: {clock.spent()}", file=sys.stderr, flush=True)
+    clock.warn_if_spent()
     last_save, t_log, history = time.perf_counter(), time.perf_counter(), []
     logged_step = step  # the step of the last log row (or of the start): steps_per_s over the real count
     set_train_mode_(trainer, cfg.decoder_only)

@@ -128,8 +128,7 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
     log = (out / "log.jsonl").open("a")
     deadline, last_save, t_log, history = t_start + minutes * 60, time.perf_counter(), time.perf_counter(), []
     clock = Clock(total_minutes or minutes, trained_minutes)
-    if clock.spent():
-        print(f"warning: {clock.spent()}", file=sys.stderr, flush=True)
+    clock.warn_if_spent()
     model.train()
     tokens_seen = 0
     best = None  # (held-out figures, step, parameters on the CPU) of the best evaluation

@@ -6,6 +6,7 @@ ends exactly when the budget does). The minutes already trained travel in the ch
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 
@@ -42,3 +43,9 @@ class Clock:
             return None
         return (f"the schedule's {self.total:.1f} planned minutes are already trained ({self.before:.1f}): this run "
                 f"stays at the floor learning rate; a --total-minutes above {self.before:.1f} gives it a cycle")
+
+    def warn_if_spent(self) -> None:
+        """Say `spent()` on stderr, when there is something to say (the trainers call it
+        once, at the start of a run)."""
+        if (why := self.spent()) is not None:
+            print(f"warning: {why}", file=sys.stderr, flush=True)
