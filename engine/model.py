@@ -16,7 +16,7 @@ from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta
 from engine.config import ModelConfig
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import RMSNorm, TransformerBlock, rope_table, run_blocks
-from engine.small_batch import linear
+from engine.small_batch import head_logits
 
 
 class DualARModel(nn.Module):
@@ -108,8 +108,8 @@ class DualARModel(nn.Module):
 
     def _head(self, h: Tensor, normed: Tensor) -> tuple[Tensor, Tensor]:
         """h: [B, D] last slow hidden, normed: it normed -> (head logits
-        [B, num_semantic + 1], fast input)."""
-        logits = linear(normed, self.head_weight, max_rows=self.gemv_rows)  # the GEMV at 1..gemv_rows rows
+        [B, num_semantic + 1] in fp32 (engine/small_batch.py LOGITS_DTYPE), fast input)."""
+        logits = head_logits(normed, self.head_weight, self.gemv_rows)  # the GEMV at 1..gemv_rows rows
         fast_in = normed if self.config.norm_fastlayer_input else h
         if hasattr(self, "fast_project_in"):
             fast_in = self.fast_project_in(fast_in)
@@ -117,7 +117,7 @@ class DualARModel(nn.Module):
 
     def prefill(self, tokens: Tensor, slot: int, start: int, kv: KVCache) -> tuple[Tensor, Tensor]:
         """Append S positions to one stream. tokens: [1 + C, S].
-        Returns (head logits [1, num_semantic + 1], fast input [1, fast_dim]) at the last position."""
+        Returns (head logits [1, num_semantic + 1] fp32, fast input [1, fast_dim]) at the last position."""
         s = tokens.shape[-1]
         positions = torch.arange(start, start + s, device=tokens.device)[None]
         h, normed = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start))
@@ -163,7 +163,7 @@ class DualARModel(nn.Module):
 
     def fast_step(self, x: Tensor, step: int, fast: FastCache, fused_qkv: bool = False) -> Tensor | None:
         """One fast position for B rows. x: [B, fast_dim] (the slow output at step 0,
-        the embedding of code step-1 after). Returns logits [B, codebook_size] for
+        the embedding of code step-1 after). Returns fp32 logits [B, codebook_size] for
         code `step`, or None at step 0 (code 0 is the slow model's semantic token, so
         step 0 only fills the fast KV, its last block no more than its keys and values,
         and its logits are never read). `fused_qkv`: the
@@ -172,4 +172,4 @@ class DualARModel(nn.Module):
         meta = FastMeta(step, fused_qkv, self.step_kernels)
         out = run_blocks(self.fast_layers, x[:, None], cos_sin, fast.k, fast.v, meta, self.fast_norm,
                          self.step_kernels, last_fills_kv=step == 0)
-        return None if out is None else self.fast_output(out[1][:, 0])
+        return None if out is None else head_logits(out[1][:, 0], self.fast_output.weight, self.gemv_rows)

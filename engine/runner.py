@@ -39,7 +39,7 @@ from engine.graphs import capture
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import FeedForward
 from engine.sampling import MAX_TOP_K, SamplingParams, SamplingTensors
-from engine.small_batch import GEMV_MAX_ROWS, gemv_shapes, use_gemv_
+from engine.small_batch import GEMV_MAX_ROWS, LOGITS_DTYPE, gemv_shapes, head_shapes, use_gemv_
 
 log = logging.getLogger("engine")
 
@@ -272,7 +272,8 @@ class Runner:
         if on and wanted is None:
             from kernels.gemv import self_check
 
-            why = self_check(self.device, self.dtype, gemv_shapes(self.model), max_rows=GEMV_MAX_ROWS)
+            why = self_check(self.device, self.dtype, gemv_shapes(self.model), max_rows=GEMV_MAX_ROWS,
+                             logits_shapes=head_shapes(self.model))
             if why is not None:
                 log.warning("small-batch GEMV off (GEMMs instead): %s", why)
                 use_gemv_(self.model, 0)
@@ -510,7 +511,7 @@ class Runner:
                 None,
                 slots=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
                 ends=torch.zeros(b, dtype=torch.long, device=dev),
-                head=torch.zeros(b, c.num_semantic + 1, dtype=self.dtype, device=dev),
+                head=torch.zeros(b, c.num_semantic + 1, dtype=LOGITS_DTYPE, device=dev),
                 fast_in=torch.zeros(b, c.fast_dim, dtype=self.dtype, device=dev),
                 params=SamplingTensors.allocate(b, dev),
                 out=torch.zeros(b, 1 + c.num_codebooks, dtype=torch.long, device=dev),

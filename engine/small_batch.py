@@ -9,7 +9,8 @@ through its GEMM (cuBLAS, or the FP8 GEMM) above:
 - each block's wqkv, wo and w13 (the stacked gate/up), and w2 with the SwiGLU inside
   (it takes the fused gate/up output: FeedForward.forward), become `GemvLinear` (the same
   parameters, no copy); so do the fast transformer's `fast_output` and `fast_project_in`;
-- the slow model's sampling head (`head_weight`, the semantic rows) reads the GEMV too.
+- both sampling heads (the slow model's `head_weight`, the semantic rows, and the fast
+  transformer's `fast_output`) read the GEMV too, through `head_logits`.
 
 FP8 layers (engine/quant.py) stay on the block-scaled FP8 GEMM at every batch. The GEMV
 takes e4m3 weights (kernels/gemv.py), but measured at M = 1 on an H200 it only wins on
@@ -24,6 +25,7 @@ off (the A/B baseline; the engine's `gemv=False`).
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -58,6 +60,34 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, max_rows: int 
 
         x = swiglu_kernel(x)
     return F.linear(x, weight, bias)
+
+
+# The sampling heads' logits stay in fp32, their accumulator's precision. Rounded to bf16
+# (~1/16 at the codebook head's |logits| of 8-16) two candidates often tie exactly, and
+# the draw then takes the lower id whatever the model meant: on the default voice, the
+# FP8 gate's first differing draw (frame 1's first residual code) was such a tie in bf16
+# (latency_bench/fp8_agreement.py --margins). The heads are a few MB: an fp32 output
+# costs nothing measurable, an fp32 copy of their weights would double their reads, so
+# the inputs stay in the model's dtype and only the sums and the output are fp32.
+LOGITS_DTYPE = torch.float32
+
+
+def head_logits(x: Tensor, weight: Tensor, max_rows: int = 0) -> Tensor:
+    """A sampling head's logits, x [..., K] @ weight.T [N, K], summed and returned in fp32
+    (LOGITS_DTYPE): through the GEMV at 1..max_rows rows, cuBLAS with an fp32 output on a
+    GPU, fp32 upcasts on a CPU (no bf16 x bf16 -> fp32 matmul there)."""
+    if gemv_rows(x, max_rows):
+        from kernels.gemv import gemv
+
+        x2 = x.reshape(-1, x.shape[-1])
+        y = gemv(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, out_dtype=LOGITS_DTYPE)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    if x.dtype == LOGITS_DTYPE and weight.dtype == LOGITS_DTYPE:
+        return F.linear(x, weight)
+    if x.is_cuda:
+        x2 = x.reshape(-1, x.shape[-1])
+        return torch.mm(x2, weight.t(), out_dtype=LOGITS_DTYPE).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x.to(LOGITS_DTYPE), weight.to(LOGITS_DTYPE))
 
 
 class GemvLinear(nn.Linear):
@@ -95,19 +125,22 @@ def use_gemv_(model: nn.Module, max_rows: int) -> nn.Module:
         if isinstance(ff, FeedForward) and ff.fused:  # the SwiGLU-inside form needs the stacked gate/up
             _swap(ff, "w13", max_rows)
             _swap(ff, "w2", max_rows)
-    _swap(model, "fast_output", max_rows)
     _swap(model, "fast_project_in", max_rows)
-    model.gemv_rows = max_rows  # the sampling head (DualARModel._head)
+    model.gemv_rows = max_rows  # both sampling heads (DualARModel._head and fast_step: head_logits)
     return model
 
 
 def gemv_shapes(model: nn.Module) -> list[tuple[int, int]]:
-    """(N, K) of the weights use_gemv_ has routed, a down projection's last (the GEMV runs
+    """(N, K) of the layers use_gemv_ has routed, a down projection's last (the GEMV runs
     it with the SwiGLU inside: kernels/gemv.py self_check tests that form at the last
-    shape)."""
+    shape). The heads are head_shapes (an fp32 output)."""
     downs = {tuple(m.w2.weight.shape) for m in model.modules()
              if isinstance(m, FeedForward) and isinstance(getattr(m, "w2", None), GemvLinear)}
     shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, GemvLinear)}
-    if getattr(model, "head_weight", None) is not None:
-        shapes.add(tuple(model.head_weight.shape))
     return sorted(shapes - downs) + sorted(downs)
+
+
+def head_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """(N, K) of the sampling heads (head_logits: the GEMV with an fp32 output)."""
+    heads = [getattr(model, "head_weight", None), model.fast_output.weight]
+    return sorted({tuple(w.shape) for w in heads if w is not None})

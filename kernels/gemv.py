@@ -270,13 +270,17 @@ def gemv_reference(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Te
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tuple[int, int]], fp8: bool = False,
-               max_rows: int = MAX_M) -> str | None:
+               max_rows: int = MAX_M, logits_shapes: list[tuple[int, int]] = ()) -> str | None:
     """None if the kernel compiles here and matches its reference at each (N, K) for
-    M = 1..max_rows (and with swiglu at the last shape), else why not."""
+    M = 1..max_rows (and with swiglu at the last shape), and at each of `logits_shapes`
+    with an fp32 output (the sampling heads: engine/small_batch.py head_logits), else why
+    not."""
     g = torch.Generator(device=device).manual_seed(0)
-    for i, (n, k) in enumerate(shapes):
+    cases = [((n, k), i == len(shapes) - 1, None) for i, (n, k) in enumerate(shapes)]
+    cases += [(shape, False, torch.float32) for shape in logits_shapes]
+    for (n, k), last, out_dtype in cases:
         for m in range(1, max_rows + 1):
-            for swiglu in ([False, True] if i == len(shapes) - 1 else [False]):
+            for swiglu in ([False, True] if last else [False]):
                 x = torch.randn(m, 2 * k if swiglu else k, generator=g, device=device).to(dtype)
                 w = torch.randn(n, k, generator=g, device=device) / k**0.5
                 s = None
@@ -285,11 +289,13 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tupl
                 else:
                     w = w.to(dtype)
                 try:
-                    got = gemv(x, w, s, swiglu=swiglu)
+                    got = gemv(x, w, s, swiglu=swiglu, out_dtype=out_dtype)
                 except Exception as e:  # noqa: BLE001 - any failure means "use the GEMM"
                     return f"gemv failed at M={m}, N={n}, K={k}: {type(e).__name__}: {str(e)[:200]}"
-                why = mismatch(f"gemv M={m} N={n} K={k} swiglu={swiglu}", got,
-                               gemv_reference(x, w, s, swiglu=swiglu), dtype)
+                if got.dtype != (out_dtype or dtype):
+                    return f"gemv M={m} N={n} K={k} gave {got.dtype}, asked for {out_dtype or dtype}"
+                why = mismatch(f"gemv M={m} N={n} K={k} swiglu={swiglu} out={out_dtype}", got,
+                               gemv_reference(x, w, s, swiglu=swiglu, out_dtype=out_dtype), dtype)
                 if why:
                     return why
     return None

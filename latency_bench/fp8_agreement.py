@@ -17,10 +17,11 @@ Two diagnoses of where a difference comes from:
   alone does; not a mode the service runs);
 - `--ceiling`: first the same count for the model in fp32 against bf16, i.e. how often
   greedy decoding survives a numerical change no larger than bf16's own rounding;
-- `--fp32-fast-logits`: both runs with the fast transformer's head computed in fp32 (its
-  logits not rounded to bf16 before the draw; not a mode the service runs). On the
-  default voice, 2026-12-03, CPU: the gate's input then keeps all 5 frames under FP8, and
-  5/16 inputs do (3/16 with bf16 logits);
+The sampling heads' logits are fp32 (engine/small_batch.py head_logits) since
+2026-12-04; before, they were rounded to bf16, and on the default voice the gate's input
+broke at an exact bf16 tie (frame 1's first residual draw; `--margins` below). With the
+fast head's logits in fp32 (then a diagnosis, `--fp32-fast-logits`) that input kept all 5
+frames under FP8 on the CPU, and 5/16 inputs did (3/16 with bf16 logits).
 - `--margins`: for the gate's input, every greedy codebook draw of the bf16 run: its top-2
   logit margin, FP8's largest logit shift there, and both argmaxes (on the default voice,
   2026-12-03: frame 1's first residual draw is an exact tie in bf16, margin 0, while FP8
@@ -100,14 +101,6 @@ def agreement(bundle, texts: list[str], want: list, n_frames: int, label: str, v
     return frames_equal, semantic_equal
 
 
-def fp32_fast_logits_(bundle) -> None:
-    """The fast head as an fp32 matmul (weights and input upcast), in place: its logits keep
-    the fp32 accumulator's precision instead of bf16's (~1/16 at |logit| 8-16, which makes
-    exact ties)."""
-    head = bundle.model.fast_output
-    head.forward = lambda x, w=head.weight: torch.nn.functional.linear(x.float(), w.float())
-
-
 def draw_margins(model_name: str, device: str, n_frames: int) -> None:
     """See --margins in the module docstring. The codebook logits each greedy draw saw
     (engine/frame.py sample_codebook, the PyTorch path: on a GPU the runs here take it
@@ -146,8 +139,6 @@ def main() -> int:
     p.add_argument("--weights-only", action="store_true",
                    help="weights rounded through FP8 and back, activations unquantized (a diagnosis)")
     p.add_argument("--ceiling", action="store_true", help="also the fp32 model against bf16")
-    p.add_argument("--fp32-fast-logits", action="store_true",
-                   help="both runs with the fast head in fp32 (a diagnosis: no bf16 rounding of its logits)")
     p.add_argument("--margins", action="store_true",
                    help="only: the gate input's codebook draws, bf16 top-2 margins against FP8's logit shifts")
     args = p.parse_args()
@@ -159,8 +150,6 @@ def main() -> int:
     texts = [GATE_TEXT, *plain][: args.inputs]
     torch.set_grad_enabled(False)
     bundle = load_bundle(args.model, args.device, torch.bfloat16)
-    if args.fp32_fast_logits:
-        fp32_fast_logits_(bundle)
     bf16 = [greedy_run(bundle, args.frames, t) for t in texts]
     if args.ceiling:
         agreement(load_bundle(args.model, args.device, torch.float32), texts, bf16, args.frames,
@@ -171,8 +160,6 @@ def main() -> int:
     else:
         quantize_model_(bundle.model, kernel=bundle.device.type == "cuda")
         label = "FP8"
-    if args.fp32_fast_logits:
-        label += ", fast head in fp32 in both runs"
     agreement(bundle, texts, bf16, args.frames, f"{args.model} on {args.device}, {label} against bf16")
     return 0
 

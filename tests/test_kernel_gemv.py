@@ -189,7 +189,7 @@ def test_use_gemv_routes_every_layer_and_turns_off():
     use_gemv_(model, 4)  # any limit up to the kernel's MAX_M
     routed = [m for m in model.modules() if isinstance(m, GemvLinear)]
     blocks = len(model.layers) + len(model.fast_layers)
-    assert len(routed) == 4 * blocks + 1 + hasattr(model, "fast_project_in")  # + fast_output
+    assert len(routed) == 4 * blocks + hasattr(model, "fast_project_in")  # the heads: head_logits
     assert model.gemv_rows == 4
     assert all(isinstance(b.feed_forward, FeedForward) and b.feed_forward.w2.max_rows == 4
                for b in [*model.layers, *model.fast_layers])
