@@ -167,7 +167,7 @@ def _fp8_gemm_kernel(
     M, N, K, KB, GROUPS_PER_SPLIT, UP_OFFSET,
     stride_am, stride_bn, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
-    A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr, SPLITS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
@@ -186,6 +186,13 @@ def _fp8_gemm_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     g0 = split * GROUPS_PER_SPLIT
+    # the scales are loaded one group ahead too (registers): like the bf16 activations
+    # below they are no dot operands, so Triton's pipeline does not prefetch them, and
+    # each group's first use would wait on its load (g0 < KB: no split is empty)
+    sb_next = tl.load(bs_rows + g0, mask=n_ok, other=0.0)
+    sa_next = sb_next
+    if A_MODE == 0:
+        sa_next = tl.load(as_rows + g0, mask=m_ok, other=0.0)
     if A_MODE != 0:
         # bf16 activations are prefetched one group ahead (registers): their loads are
         # not part of Triton's dot pipeline, and waiting on each one from L2 showed as
@@ -202,26 +209,25 @@ def _fp8_gemm_kernel(
         # masks are built per case and from vectors only: Triton 3.9's interpreter rejects
         # a mask that mixes a Python bool or a scalar comparison with a tensor
         if EVEN_K:  # K % 128 == 0 and every split full: row masks only in the hot loop
-            sa_mask = m_ok
-            sb_mask = n_ok
             bt_mask = n_ok[:, None]
             at_mask = m_ok[None, :]
             a_mask = m_ok[:, None]
             b_mask = n_ok[None, :]
         else:
-            g_ok_m = (offs_m * 0 + g) < KB  # [BM]: the scalar test g < KB, as a vector
-            g_ok_n = (offs_n * 0 + g) < KB  # [BN]
             k_row = k[None, :] < K  # [1, 128]
             k_col = k[:, None] < K  # [128, 1]
-            sa_mask = m_ok & g_ok_m
-            sb_mask = n_ok & g_ok_n
             bt_mask = n_ok[:, None] & k_row
             at_mask = m_ok[None, :] & k_col
             a_mask = m_ok[:, None] & k_row
             b_mask = n_ok[None, :] & k_col
-        sb = tl.load(bs_rows + g, mask=sb_mask, other=0.0)
+        # this group's scales, and the next group's of this split (masked off past its last)
+        sb = sb_next
+        sb_next = tl.load(bs_rows + g + 1, mask=n_ok & ((offs_n * 0 + i + 1) < GROUPS_PER_SPLIT)
+                          & ((offs_n * 0 + g + 1) < KB), other=0.0)
         if A_MODE == 0:  # codes and scales from quantize_act
-            sa = tl.load(as_rows + g, mask=sa_mask, other=0.0)
+            sa = sa_next
+            sa_next = tl.load(as_rows + g + 1, mask=m_ok & ((offs_m * 0 + i + 1) < GROUPS_PER_SPLIT)
+                              & ((offs_m * 0 + g + 1) < KB), other=0.0)
             if SWAP_AB:
                 at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0)
             else:
@@ -265,9 +271,12 @@ def _fp8_gemm_kernel(
             tl.debug_barrier()
             tile = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
             done = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
-            if done == tl.num_programs(2) - 1:
+            if done == SPLITS - 1:
+                # unrolled: every split's loads are in flight at once, one L2 round trip at the
+                # end of the launch instead of SPLITS dependent ones; summed in split order
+                # (deterministic)
                 total = tl.zeros_like(acc)
-                for s in range(0, tl.num_programs(2)):  # split order: deterministic
+                for s in tl.static_range(SPLITS):
                     total += tl.load(p_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
                 tl.store(c_ptr + c_offs, total.to(c_ptr.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
@@ -279,7 +288,7 @@ def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.c
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(SPLITS):  # fixed order: the same sum on every run
+    for s in tl.static_range(SPLITS):  # unrolled (all loads in flight); fixed order: the same sum on every run
         acc += tl.load(p_ptr + s * numel + offs, mask=ok, other=0.0)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
@@ -419,6 +428,7 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
         EVEN_K=k % GROUP == 0 and groups % per_split == 0,
         A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=_interpreting(),
+        SPLITS=splits if split_mode == SPLIT_LAST_REDUCES else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(),
     )
     if split_mode == SPLIT_SEPARATE_REDUCE:

@@ -94,7 +94,8 @@ def compile_key(shape: Shape, m: int, cfg, a_mode: int) -> tuple:
         return ("cublas", a_mode)  # only the quantize kernels compile
     split_mode = 0 if cfg.splits == 1 else (2 if cfg.reduce_in_kernel else 1)
     a_mode = a_mode if cfg.quantize_in_gemm else 0
-    return (cfg.block_m, cfg.block_n, cfg.swap_ab, even, a_mode, split_mode, cfg.num_warps, cfg.num_stages)
+    unrolled = cdiv(groups, per) if split_mode == 2 else 1  # the in-kernel sum is unrolled over the splits
+    return (cfg.block_m, cfg.block_n, cfg.swap_ab, even, a_mode, split_mode, unrolled, cfg.num_warps, cfg.num_stages)
 
 
 _worker_cache: dict = {}

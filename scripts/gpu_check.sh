@@ -31,6 +31,7 @@
 #   bash scripts/gpu_check.sh pdl        # PDL: support check, GEMV/MLP and engine step (bf16, FP8) with and without it, GPU tests (~8 min)
 #   bash scripts/gpu_check.sh sample     # the sampling kernel: GPU tests, walk vs gathered benchmark, FP8 load gated (~5 min)
 #   bash scripts/gpu_check.sh pdlgate    # PDL as used: GPU tests, FP8 engine step, load c=1,16,64 FP8 and bf16 each gated (~9.5 min)
+#   bash scripts/gpu_check.sh heads      # fp32 head logits + FP8 GEMM's unrolled split-K sum vs the tree before, same call (~9.5 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -430,6 +431,30 @@ sample)
         > "$out/gpu_tests.log" 2>&1; grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | tail -6
     timeout 90 python3 -m latency_bench.sample_bench --out "$out" 2>&1 | grep -v Warn | tee "$out/sample_bench.log"
     gated_load fp8 170
+    ;;
+heads)
+    # fp32 sampling-head logits and the FP8 GEMM's unrolled split-K sum + prefetched scales,
+    # against the tree before them in the same call: .carry/base.tar (`git archive BASE
+    # engine kernels latency_bench` here; carry .carry/base.tar) unpacked over a copy of
+    # this tree in /tmp/base. The serving path's and the FP8 GPU tests with the gate
+    # printed, the FP8 kernel table, the engine step in FP8 and bf16, each both sides (~9.5 min)
+    timeout 140 python3 -m pytest -q -s --tb=short tests/test_gpu.py tests/test_kernel_gemv.py tests/test_quant.py \
+        tests/test_kernel_fp8_gemm.py -k "not sweep" > "$out/gpu_tests.log" 2>&1
+    grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | grep "passed\|failed\|error\|frames equal\|FAIL" | tail -8
+    base=/tmp/base; rm -rf "$base"; mkdir -p "$base"; cp -r engine kernels latency_bench realtime scripts "$base"/
+    tar -xf .carry/base.tar -C "$base"
+    for side in new base; do
+        dir=$PWD; [ $side = base ] && dir=$base
+        (cd "$dir" && PYTHONPATH="$dir:/tmp/site" timeout 100 python3 -m latency_bench.kernel_bench --m 1,16,64 \
+            --replays 10 --out "$out/kernel_$side" 2>&1 | grep -v Warn | tail -22 > "$out/kernel_$side.log")
+        for q in fp8 none; do
+            (cd "$dir" && PYTHONPATH="$dir:/tmp/site" timeout 75 python3 -m latency_bench.engine_bench --model s2-pro \
+                --device cuda --batch 1,16,64 --quant $q --skip-eager --steps 30 --context 400 --max-len 1536 \
+                --prompt-lengths 300 --out "$out/engine_${q}_$side" 2>&1 | grep -v Warn | grep "^ *[0-9]\|step\|graphs" \
+                | tail -5 | sed "s/^/$side $q: /")
+        done
+    done
+    cat "$out/kernel_new.log"; echo "--- base"; cat "$out/kernel_base.log"
     ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -40,7 +40,11 @@ def test_candidates_fit_the_batch_and_the_grid():
 def test_compile_keys_ignore_the_runtime_values():
     shape = SHAPES[0]
     a, b = GemmConfig(16, 64, True, splits=2), GemmConfig(16, 64, True, splits=4)
-    assert compile_key(shape, 1, a, 1) == compile_key(shape, 16, b, 1)  # M and the split length are runtime values
+    assert compile_key(shape, 1, a, 1) == compile_key(shape, 16, a, 1)  # M is a runtime value
+    # the split length is one too, but the in-kernel sum is unrolled over the split count
+    assert compile_key(shape, 1, a, 1) != compile_key(shape, 1, b, 1)
+    second = GemmConfig(16, 64, True, splits=2, reduce_in_kernel=False)
+    assert compile_key(shape, 1, second, 1) == compile_key(shape, 1, dataclasses.replace(second, splits=4), 1)
     assert compile_key(shape, 1, a, 1) != compile_key(shape, 1, GemmConfig(16, 64, True), 1)  # no split: another variant
     # quantizing in a launch first compiles the plain-codes variant, whatever the mode
     assert compile_key(shape, 1, GemmConfig(16, 64, True, quantize_in_gemm=False), 2)[4] == 0
