@@ -146,3 +146,31 @@ def test_every_reply_ends_with_the_audio_the_codec_held_back(tmp_path, bundle):
     assert len(lengths) == 2
     for samples in lengths:
         assert samples > 10 * hop and samples % hop == held, (lengths, hop, held)
+
+
+def test_cloning_references_of_a_minimum_length_are_chosen_deterministically():
+    """engine.train.evaluate.clone_references (the benchmark's --clone-min-reference-seconds):
+    the same targets as clone_trials; from each trial's usual reference onward, the first one
+    or two consecutive utterances of its speaker that total the minimum, never the target
+    sentence; S = 0 is clone_trials' single reference. No model runs here."""
+    from engine.train.evaluate import HeldOut, Item, clone_references, clone_trials
+
+    rate = 100
+    seconds = [1.0, 4.0, 2.0, 6.0]  # one speaker; texts < 60 characters, so every text is a target
+    held = HeldOut([Item(f"u{i}", 0, f"sentence {i}", "test", np.zeros(int(s * rate), np.float32))
+                    for i, s in enumerate(seconds)], rate)
+    # trial k: reference u(k % 4), target sentence (7k + 3) % 4: u3, u2, u1, u0
+    base = clone_trials(held, 4)
+    assert [(r.id, t) for r, t in base] == [("u0", "sentence 3"), ("u1", "sentence 2"),
+                                            ("u2", "sentence 1"), ("u3", "sentence 0")]
+    ids = lambda trials: [[it.id for it in refs] for refs, _ in trials]  # noqa: E731
+    assert ids(clone_references(held, 4, 0.0)) == [["u0"], ["u1"], ["u2"], ["u3"]]
+    five = clone_references(held, 4, 5.0)
+    # trial 1 skips u2 (its target) and takes u3; trial 3's u3 alone is long enough
+    assert ids(five) == [["u0", "u1"], ["u1", "u3"], ["u2", "u3"], ["u3"]]
+    # 8 s: trial 0 has no run of two (without u3, its target) that long: the longest one
+    assert ids(clone_references(held, 4, 8.0)) == [["u1", "u2"], ["u1", "u3"], ["u2", "u3"], ["u3", "u1"]]
+    for refs, target in five + clone_references(held, 4, 8.0):
+        assert 1 <= len(refs) <= 2 and all(it.text != target for it in refs)
+    assert [t for _, t in five] == [t for _, t in base]
+    assert ids(clone_references(held, 4, 5.0)) == ids(five)  # deterministic

@@ -5,7 +5,8 @@
   the engine's single-stream path (default voice, and cloning each pseudo-speaker);
 - voice cloning: for each trial the output's pitch and spectral envelope are compared with
   every pseudo-speaker's held-out teacher audio; a trial counts when the nearest speaker is
-  the one whose reference was in the prompt;
+  the one whose reference was in the prompt (one held-out utterance by default; with
+  --clone-min-reference-seconds S, one or two of them totalling S seconds or more);
 - CPU speed: real-time factor and time to first audio of the engine path.
 
     python -m engine.train.evaluate --model runs/voice --data data/voice/audio --out runs/eval.json
@@ -271,16 +272,21 @@ def synthesize(synth, text: str, voice, seed: int, max_frames: int) -> tuple[np.
     return audio, first or total, total
 
 
-def reference_voice(bundle, item: Item, rate: int):
+def reference_voice(bundle, item: Item | list[Item], rate: int):
+    """The Voice of one reference utterance, or of several (each encoded on its own and
+    kept as its own Reference, as the model saw one or two of them in training)."""
     import torch
 
     from engine.audio import resample
     from engine.prompt import Reference, Voice
 
-    x = torch.from_numpy(resample(item.audio, rate, bundle.codec.sample_rate))[None]
-    with torch.inference_mode():
-        codes = bundle.codec.encode(x.to(next(bundle.codec.parameters()).dtype))[0].cpu()
-    return Voice([Reference(item.text, codes)])
+    refs = []
+    for it in item if isinstance(item, list) else [item]:
+        x = torch.from_numpy(resample(it.audio, rate, bundle.codec.sample_rate))[None]
+        with torch.inference_mode():
+            codes = bundle.codec.encode(x.to(next(bundle.codec.parameters()).dtype))[0].cpu()
+        refs.append(Reference(it.text, codes))
+    return Voice(refs)
 
 
 def clone_trials(held: HeldOut, n: int) -> list[tuple[Item, str]]:
@@ -294,10 +300,51 @@ def clone_trials(held: HeldOut, n: int) -> list[tuple[Item, str]]:
             for k, s in ((k, speakers[k % len(speakers)]) for k in range(n))]
 
 
+MAX_REFERENCES = 2  # the model was trained with one or two reference utterances
+MAX_REFERENCE_SECONDS = 14.8  # training's cap: 320 frames of references (lm_data.SequenceConfig)
+
+
+def clone_references(held: HeldOut, n: int, min_seconds: float = 0.0,
+                     max_refs: int = MAX_REFERENCES) -> list[tuple[list[Item], str]]:
+    """clone_trials with references of at least `min_seconds` (the ~10 s a user of Fish-style
+    cloning passes, rather than one held-out utterance of often 2-4 s): the same targets and
+    order of trials; each trial's references are the first run of 1..max_refs consecutive
+    utterances of its speaker (held-out order, cyclic, leaving out any utterance of the
+    target sentence) that starts at clone_trials' reference or after it and totals
+    `min_seconds` or more (at most MAX_REFERENCE_SECONDS; if no run qualifies, the longest
+    run within that cap). min_seconds <= 0: clone_trials' single references, unchanged."""
+    trials = clone_trials(held, n)
+    if min_seconds <= 0:
+        return [([ref], target) for ref, target in trials]
+    by = held.by_speaker()
+    seconds = lambda items: sum(it.audio.size for it in items) / held.rate  # noqa: E731
+    out = []
+    for ref, target in trials:
+        pool = by[ref.speaker]
+        start = next(i for i, it in enumerate(pool) if it is ref)
+        ring = [pool[(start + j) % len(pool)] for j in range(len(pool))]
+        ring = [it for it in ring if it.text != target]
+        best = None
+        for i in range(len(ring)):
+            for m in range(1, min(max_refs, len(ring)) + 1):
+                run = [ring[(i + j) % len(ring)] for j in range(m)]
+                if seconds(run) > MAX_REFERENCE_SECONDS:
+                    break
+                if best is None or seconds(run) > seconds(best):
+                    best = run
+                if seconds(run) >= min_seconds:
+                    break
+            if best is not None and seconds(best) >= min_seconds:
+                break
+        out.append((best or ring[:1], target))
+    return out
+
+
 def model_eval(bundle, held: HeldOut, space: SpeakerSpace, asr: Recognizer, sentences: int,
-               trials: int, max_frames: int = 600) -> dict:
+               trials: int, max_frames: int = 600, min_reference_seconds: float = 0.0) -> dict:
     """The engine's single-stream path: the default voice (plain prompt) on `sentences`
-    held-out texts of each split, then `trials` cloning trials (WER + nearest speaker)."""
+    held-out texts of each split, then `trials` cloning trials (WER + nearest speaker), each
+    with clone_references(held, trials, min_reference_seconds)."""
     import torch
 
     from engine.generate import Synthesizer
@@ -314,15 +361,19 @@ def model_eval(bundle, held: HeldOut, space: SpeakerSpace, asr: Recognizer, sent
             ttfa.append(first)
         if wer.words:
             report[f"default_voice_{split}"] = wer.report()
-    clone, hits, pairs = WER(), 0, []
-    for k, (ref, target) in enumerate(clone_trials(held, trials)):
-        audio, _, _ = synthesize(synth, target, reference_voice(bundle, ref, held.rate), 1000 + k, max_frames)
+    clone, hits, pairs, ref_ids, ref_seconds = WER(), 0, [], [], []
+    for k, (refs, target) in enumerate(clone_references(held, trials, min_reference_seconds)):
+        speaker = refs[0].speaker
+        audio, _, _ = synthesize(synth, target, reference_voice(bundle, refs, held.rate), 1000 + k, max_frames)
         clone.add(target, asr.transcribe(audio, rate))
         nearest = space.nearest(voice_features(audio, rate)) if audio.size > rate // 4 else -1
-        hits += nearest == ref.speaker
-        pairs.append([ref.speaker, nearest])
+        hits += nearest == speaker
+        pairs.append([speaker, nearest])
+        ref_ids.append([it.id for it in refs])
+        ref_seconds.append(round(sum(it.audio.size for it in refs) / held.rate, 3))
     report["cloning"] = {**clone.report(), "similarity_accuracy": round(hits / max(1, trials), 4),
-                         "trials": trials, "reference_vs_nearest": pairs}
+                         "trials": trials, "min_reference_seconds": min_reference_seconds,
+                         "reference_vs_nearest": pairs, "reference_ids": ref_ids, "reference_seconds": ref_seconds}
     report["cpu"] = {"rtf": round(spent / max(produced, 1e-9), 4),
                      "ttfa_ms_median": round(1000 * float(np.median(ttfa)), 1) if ttfa else None,
                      "threads": torch.get_num_threads()}
@@ -338,10 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="held-out utterances per split (default: all)")
     p.add_argument("--sentences", type=int, default=40, help="default-voice sentences per split")
     p.add_argument("--clone-trials", type=int, default=60)
+    p.add_argument("--clone-min-reference-seconds", type=float, default=0.0, metavar="S",
+                   help="each cloning trial's reference: 1-2 held-out utterances of the speaker totalling "
+                        "S seconds or more (clone_references); 0: one utterance (the benchmark's protocol)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    report = evaluate(args.data, args.model, args.codec, args.limit, args.sentences, args.clone_trials, args.threads)
+    report = evaluate(args.data, args.model, args.codec, args.limit, args.sentences, args.clone_trials, args.threads,
+                      args.clone_min_reference_seconds)
     text = json.dumps(report, indent=1, default=float)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -351,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def evaluate(data: list[Path], model: str | None = None, codec_folder: Path | None = None, limit: int | None = None,
-             sentences: int = 40, trials: int = 60, threads: int = 2) -> dict:
+             sentences: int = 40, trials: int = 60, threads: int = 2, min_reference_seconds: float = 0.0) -> dict:
     import torch
 
     from engine.train.presets import SAMPLE_RATE
@@ -372,7 +427,8 @@ def evaluate(data: list[Path], model: str | None = None, codec_folder: Path | No
     if model:
         from engine.bundle import load_bundle
 
-        report["model"] = model_eval(load_bundle(model, "cpu"), held, space, asr, sentences, trials)
+        report["model"] = model_eval(load_bundle(model, "cpu"), held, space, asr, sentences, trials,
+                                     min_reference_seconds=min_reference_seconds)
     return report
 
 

@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentences", type=int, default=40, help="sentences per split for the engine path")
     p.add_argument("--service-sentences", type=int, default=40, help="plain sentences through the service")
     p.add_argument("--clone-trials", type=int, default=60)
+    p.add_argument("--clone-min-reference-seconds", type=float, default=0.0, metavar="S",
+                   help="cloning references of 1-2 utterances totalling S seconds or more (0: one utterance)")
     p.add_argument("--limit", type=int)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--service-only", action="store_true",
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     report = {} if args.service_only else ev.evaluate(args.data, args.model, None, args.limit, args.sentences,
-                                                       args.clone_trials, args.threads)
+                                                       args.clone_trials, args.threads,
+                                                       args.clone_min_reference_seconds)
     held = ev.HeldOut.load(args.data, SAMPLE_RATE, args.limit)
     with tempfile.TemporaryDirectory() as voices:
         url, server = start_service(args.model, Path(voices), args.prefill_second_frame)
