@@ -186,13 +186,6 @@ def _fp8_gemm_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     g0 = split * GROUPS_PER_SPLIT
-    # the scales are loaded one group ahead too (registers): like the bf16 activations
-    # below they are no dot operands, so Triton's pipeline does not prefetch them, and
-    # each group's first use would wait on its load (g0 < KB: no split is empty)
-    sb_next = tl.load(bs_rows + g0, mask=n_ok, other=0.0)
-    sa_next = sb_next
-    if A_MODE == 0:
-        sa_next = tl.load(as_rows + g0, mask=m_ok, other=0.0)
     if A_MODE != 0:
         # bf16 activations are prefetched one group ahead (registers): their loads are
         # not part of Triton's dot pipeline, and waiting on each one from L2 showed as
@@ -209,25 +202,26 @@ def _fp8_gemm_kernel(
         # masks are built per case and from vectors only: Triton 3.9's interpreter rejects
         # a mask that mixes a Python bool or a scalar comparison with a tensor
         if EVEN_K:  # K % 128 == 0 and every split full: row masks only in the hot loop
+            sa_mask = m_ok
+            sb_mask = n_ok
             bt_mask = n_ok[:, None]
             at_mask = m_ok[None, :]
             a_mask = m_ok[:, None]
             b_mask = n_ok[None, :]
         else:
+            g_ok_m = (offs_m * 0 + g) < KB  # [BM]: the scalar test g < KB, as a vector
+            g_ok_n = (offs_n * 0 + g) < KB  # [BN]
             k_row = k[None, :] < K  # [1, 128]
             k_col = k[:, None] < K  # [128, 1]
+            sa_mask = m_ok & g_ok_m
+            sb_mask = n_ok & g_ok_n
             bt_mask = n_ok[:, None] & k_row
             at_mask = m_ok[None, :] & k_col
             a_mask = m_ok[:, None] & k_row
             b_mask = n_ok[None, :] & k_col
-        # this group's scales, and the next group's of this split (masked off past its last)
-        sb = sb_next
-        sb_next = tl.load(bs_rows + g + 1, mask=n_ok & ((offs_n * 0 + i + 1) < GROUPS_PER_SPLIT)
-                          & ((offs_n * 0 + g + 1) < KB), other=0.0)
+        sb = tl.load(bs_rows + g, mask=sb_mask, other=0.0)
         if A_MODE == 0:  # codes and scales from quantize_act
-            sa = sa_next
-            sa_next = tl.load(as_rows + g + 1, mask=m_ok & ((offs_m * 0 + i + 1) < GROUPS_PER_SPLIT)
-                              & ((offs_m * 0 + g + 1) < KB), other=0.0)
+            sa = tl.load(as_rows + g, mask=sa_mask, other=0.0)
             if SWAP_AB:
                 at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0)
             else:

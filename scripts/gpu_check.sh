@@ -456,5 +456,19 @@ heads)
     done
     cat "$out/kernel_new.log"; echo "--- base"; cat "$out/kernel_base.log"
     ;;
+retest)
+    # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the
+    # failure report off), then the FP8 kernel table and the engine step in FP8 and bf16 (~8 min)
+    timeout 300 python3 -m pytest -q -s --tb=short -rfE tests/test_gpu.py tests/test_quant.py \
+        > "$out/gpu_tests.log" 2>&1
+    grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | grep "passed\|failed\|error\|frames equal\|FAIL" | tail -14
+    timeout 100 python3 -m latency_bench.kernel_bench --m 1,16,64 --replays 10 --out "$out/kernel" 2>&1 \
+        | grep -v Warn | tail -22 | tee "$out/kernel.log"
+    for q in fp8 none; do
+        timeout 75 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q \
+            --skip-eager --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
+            | grep -v Warn | grep "^ *[0-9]\|step\|graphs" | tail -5 | sed "s/^/$q: /"
+    done
+    ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
