@@ -456,6 +456,26 @@ heads)
     done
     cat "$out/kernel_new.log"; echo "--- base"; cat "$out/kernel_base.log"
     ;;
+fp8gate)
+    # headsgate's second half with room: the GPU tests given 240 s (150 s cut them after 33
+    # passed), then the FP8 load at c=1,16,64 gated against load-fp8.json given 300 s (160 s
+    # cut it: the FP8 service's start compiles more kernel variants now) (~9 min)
+    timeout 240 python3 -m pytest -q --tb=short -rfE tests/test_gpu.py tests/test_kernel_gemv.py tests/test_quant.py \
+        -k "not gate_greedy and not bundle_speaks" > "$out/gpu_tests.log" 2>&1
+    grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | grep "passed\|failed\|error\|FAIL" | tail -8
+    start=$(date +%s); gated_load fp8 300; echo "FP8 load: $(( $(date +%s) - start )) s"
+    ;;
+headsgate)
+    # the fp32 sampling heads and the unrolled split-K sum, gated: the serving path's, the
+    # GEMV's and the FP8 GPU tests (without the default voice's: its weights stay here to fit
+    # the wheels), then the load at c=1,16,64 in FP8 and in bf16, each against its frozen
+    # reference (load-fp8.json, load.json) (~9 min)
+    timeout 150 python3 -m pytest -q --tb=short -rfE tests/test_gpu.py tests/test_kernel_gemv.py tests/test_quant.py \
+        -k "not gate_greedy and not bundle_speaks" > "$out/gpu_tests.log" 2>&1
+    grep -v "^  \|Warning\|warn" "$out/gpu_tests.log" | grep "passed\|failed\|error\|FAIL" | tail -8
+    gated_load fp8 160
+    gated_load none 200
+    ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the
     # failure report off), then the FP8 kernel table and the engine step in FP8 and bf16 (~8 min)
