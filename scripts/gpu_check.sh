@@ -456,6 +456,18 @@ heads)
     done
     cat "$out/kernel_new.log"; echo "--- base"; cat "$out/kernel_base.log"
     ;;
+ab64)
+    # TTFA at c=64 in FP8 against the tree before the fp32 heads and the unrolled split-K sum
+    # (.carry/base.tar, as in heads), same call, this tree first (~7 min)
+    base=/tmp/base; rm -rf "$base"; mkdir -p "$base"; cp -r engine kernels latency_bench realtime scripts "$base"/
+    tar -xf .carry/base.tar -C "$base"
+    for side in new base; do
+        dir=$PWD; [ $side = base ] && dir=$base
+        (cd "$dir" && PYTHONPATH="$dir:/tmp/site" timeout 190 python3 -m latency_bench "${bench[@]}" --concurrency 64 \
+            --server-arg=--max-len=1536 --server-arg=--quant=fp8 --out "$out/ab64_$side" 2>&1 | grep -v "active=" \
+            | grep "^  64" | sed "s/^/$side: /")
+    done
+    ;;
 fp8gate)
     # headsgate's second half with room: the GPU tests given 240 s (150 s cut them after 33
     # passed), then the FP8 load at c=1,16,64 gated against load-fp8.json given 300 s (160 s
