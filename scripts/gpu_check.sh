@@ -32,6 +32,10 @@
 #   bash scripts/gpu_check.sh sample     # the sampling kernel: GPU tests, walk vs gathered benchmark, FP8 load gated (~5 min)
 #   bash scripts/gpu_check.sh pdlgate    # PDL as used: GPU tests, FP8 engine step, load c=1,16,64 FP8 and bf16 each gated (~9.5 min)
 #   bash scripts/gpu_check.sh heads      # fp32 head logits + FP8 GEMM's unrolled split-K sum vs the tree before, same call (~9.5 min)
+#   bash scripts/gpu_check.sh retest     # GPU tests with whole tracebacks, FP8 kernel table, engine step FP8 and bf16 (~8 min)
+#   bash scripts/gpu_check.sh headsgate  # serving_tests, load c=1,16,64 FP8 and bf16 each gated (~9 min; limits short)
+#   bash scripts/gpu_check.sh fp8gate    # serving_tests with room, FP8 load c=1,16,64 gated (~8 min)
+#   bash scripts/gpu_check.sh ab64       # FP8 load at c=64, this tree vs .carry/base.tar's, same call (~5 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
