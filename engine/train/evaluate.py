@@ -317,7 +317,10 @@ def clone_references(held: HeldOut, n: int, min_seconds: float = 0.0,
     if min_seconds <= 0:
         return [([ref], target) for ref, target in trials]
     by = held.by_speaker()
-    seconds = lambda items: sum(it.audio.size for it in items) / held.rate  # noqa: E731
+
+    def seconds(items: list[Item]) -> float:
+        return sum(it.audio.size for it in items) / held.rate
+
     out = []
     for ref, target in trials:
         pool = by[ref.speaker]
