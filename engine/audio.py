@@ -24,10 +24,10 @@ class AudioError(ValueError):
     pass
 
 
-def _av():
-    """PyAV (FFmpeg), imported on first use: only decoding and resampling need it, so the
-    engine runs where it is not installed (the GPU image) as long as no audio is decoded
-    or resampled."""
+def pyav():
+    """PyAV (FFmpeg), imported on first use: only decoding, resampling and the service's
+    MP3/tempo/resampling stages need it, so the engine and a PCM/WAV/Opus service run
+    where it is not installed (the GPU image)."""
     import av
 
     return av
@@ -55,7 +55,7 @@ def resample(x: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
         raise AudioError(f"expected mono audio [T], got shape {x.shape}")
     if from_rate == to_rate or x.size == 0:
         return x.copy()
-    av = _av()
+    av = pyav()
     frame = av.AudioFrame.from_ndarray(x[None], format="flt", layout="mono")
     frame.sample_rate = from_rate
     resampler = av.AudioResampler(format="flt", layout="mono", rate=to_rate)
@@ -107,7 +107,7 @@ def _open(source: AudioSource) -> tuple[av.container.InputContainer, str]:
         if path.stat().st_size == 0:
             raise AudioError(f"{name}: audio file is empty (0 bytes)")
         file = name
-    av = _av()
+    av = pyav()
     try:
         return av.open(file, mode="r"), name
     except av.FFmpegError as e:
@@ -120,7 +120,7 @@ def _decode_mono(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, i
         if not container.streams.audio:
             raise AudioError(f"{name}: no audio stream")
         stream = container.streams.audio[0]
-        av = _av()
+        av = pyav()
         to_float = av.AudioResampler(format="fltp")  # same layout and rate, planar float
         chunks: list[np.ndarray] = []
         rate, total = 0, 0

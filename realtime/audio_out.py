@@ -24,10 +24,9 @@ import random
 import struct
 from fractions import Fraction
 
-import av
 import numpy as np
 
-from engine.audio import MAX_RATE, MIN_RATE, to_pcm16
+from engine.audio import MAX_RATE, MIN_RATE, pyav, to_pcm16
 from realtime.protocol import FORMATS, MP3_BITRATES, OPUS_BITRATES, SAMPLE_RATES
 
 OPUS_RATE = 48_000
@@ -200,8 +199,8 @@ def _validate(fmt: str, output_rate: int, input_rate: int, mp3_bitrate: int, opu
 
 # --- PCM stages -----------------------------------------------------------------------------
 
-def _frame(x: np.ndarray, rate: int) -> av.AudioFrame:
-    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x)[None], format="flt", layout="mono")
+def _frame(x: np.ndarray, rate: int):
+    frame = pyav().AudioFrame.from_ndarray(np.ascontiguousarray(x)[None], format="flt", layout="mono")
     frame.sample_rate = rate
     return frame
 
@@ -217,7 +216,7 @@ class _Resampler:
 
     def __init__(self, from_rate: int, to_rate: int) -> None:
         self._rate = from_rate
-        self._av = av.AudioResampler(format="flt", layout="mono", rate=to_rate) if from_rate != to_rate else None
+        self._av = pyav().AudioResampler(format="flt", layout="mono", rate=to_rate) if from_rate != to_rate else None
 
     @property
     def active(self) -> bool:
@@ -237,7 +236,7 @@ class _Tempo:
     by chunk. atempo holds back about one window (~40 ms) of audio until flush()."""
 
     def __init__(self, rate: int, speed: float) -> None:
-        graph = av.filter.Graph()
+        graph = pyav().filter.Graph()
         src = graph.add_abuffer(format="flt", sample_rate=rate, layout="mono", time_base=Fraction(1, rate))
         tempo = graph.add("atempo", f"tempo={speed}")
         src.link_to(tempo)
@@ -265,11 +264,11 @@ class _Tempo:
         return np.pad(tail[:want], (0, max(0, want - tail.size)))
 
     def _pull(self) -> np.ndarray:
-        frames = []
+        frames, error = [], pyav().error
         while True:
             try:
                 frames.append(self._graph.pull())
-            except (av.error.BlockingIOError, av.error.EOFError):  # needs more input / drained
+            except (error.BlockingIOError, error.EOFError):  # needs more input / drained
                 break
         y = _samples(frames)
         self._n_out += y.size
@@ -343,7 +342,7 @@ class _Mp3Sink:
     bitrate at 160 kbps, so 192 becomes 160."""
 
     def __init__(self, rate: int, kbps: int) -> None:
-        ctx = av.CodecContext.create("libmp3lame", "w")
+        ctx = pyav().CodecContext.create("libmp3lame", "w")
         ctx.sample_rate, ctx.layout, ctx.format, ctx.bit_rate = rate, "mono", "fltp", kbps * 1000
         ctx.open()
         self._ctx, self._rate = ctx, rate
@@ -366,7 +365,7 @@ class _Mp3Sink:
         return out + b"".join(bytes(p) for p in self._ctx.encode(None))
 
     def _encode(self, block: np.ndarray) -> bytes:
-        frame = av.AudioFrame.from_ndarray(block[None], format="fltp", layout="mono")
+        frame = pyav().AudioFrame.from_ndarray(block[None], format="fltp", layout="mono")
         frame.sample_rate, frame.pts = self._rate, self._pts
         self._pts += block.size
         return b"".join(bytes(p) for p in self._ctx.encode(frame))

@@ -36,6 +36,7 @@
 #   bash scripts/gpu_check.sh headsgate  # serving_tests, load c=1,16,64 FP8 and bf16 each gated (~9 min; limits short)
 #   bash scripts/gpu_check.sh fp8gate    # serving_tests with room, FP8 load c=1,16,64 gated (~8 min)
 #   bash scripts/gpu_check.sh ab64       # FP8 load at c=64, this tree vs .carry/base.tar's, same call (~5 min)
+#   bash scripts/gpu_check.sh firstframes  # load c=1,16,64 FP8 and bf16 with a turn's first audio of 2 frames, FP8 c=64 with 1 (~9.5 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -94,6 +95,16 @@ gated_load() {
     cp "$work/results.json" "$out/$name.json"
     python3 -m latency_bench.gate --reference latency_bench/reference/h200-s2pro/$name.json --current "$out/$name.json" \
         2>&1 | tail -6 | tee "$out/gate-$q.log"
+}
+# one load run of the reference workload: load NAME QUANT CONCURRENCY TIMEOUT [server args...];
+# its results in $out/NAME.json and the c lines printed with NAME in front
+load() {
+    local name=$1 q=$2 levels=$3 limit=$4 work=/tmp/load-$1; shift 4
+    rm -rf "$work"; mkdir -p "$work"
+    local extra=(); for a in "$@"; do extra+=(--server-arg="$a"); done
+    timeout "$limit" python3 -m latency_bench "${bench[@]}" --concurrency "$levels" --server-arg=--max-len=1536 \
+        --server-arg=--quant="$q" "${extra[@]}" --out "$work" 2>&1 | grep -v "active=" | grep "^ *[0-9]" | sed "s/^/$name: /"
+    cp "$work/results.json" "$out/$name.json" 2>/dev/null || echo "$name: no results (cut at $limit s?)"
 }
 case "$part" in
 tests)
@@ -498,6 +509,18 @@ headsgate)
     serving_tests 150
     gated_load fp8 160
     gated_load none 200
+    ;;
+firstframes)
+    # issue 5's underruns at c=64, nearly all a turn's first frame (46 ms of audio) running
+    # out before the second: a turn's first audio of two frames (--codec-first-frames=2), now
+    # that the prefill thread makes the second frame itself; FP8 and bf16 at c=1,16,64, then
+    # FP8 with the default (1) at c=64 as this call's baseline (~9.5 min)
+    start=$(date +%s)
+    load fp8-first2 fp8 1,16,64 240 --codec-first-frames=2
+    load bf16-first2 none 1,16,64 210 --codec-first-frames=2
+    left=$(( 585 - ($(date +%s) - start) ))
+    [ "$left" -gt 60 ] && load fp8-first1 fp8 64 "$left" --codec-first-frames=1
+    echo "firstframes: $(( $(date +%s) - start )) s"
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the
