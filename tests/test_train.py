@@ -314,6 +314,40 @@ def test_head_spectrum_loss_trains_the_istft_head():
         loss_terms(_codec_trainer("dac"), losses_, x, head_spectrum_weight=1.0)
 
 
+def test_head_phase_loss_scores_phase_derivatives_not_wraps_or_offsets():
+    """codec_losses.head_phase_loss: 0 for the target's own phase, the same with whole
+    turns added to any bin or one constant offset on every bin (the absolute phase is not
+    what it judges), clearly more for random phase; and with CodecTrainConfig.
+    head_phase_weight a term `phase` that falls over a few steps on a fixed batch."""
+    from engine.train.codec_losses import frame_spectrum, head_phase_loss
+    from engine.train.codec_train import loss_terms
+
+    hop, lookahead = 16, 1
+    window = torch.hann_window(4 * hop, periodic=True)
+    t = torch.arange(40 * hop) / 8000.0
+    x = 0.4 * torch.sin(2 * math.pi * 310.0 * t)[None] + 0.05 * torch.randn(1, t.numel(), generator=torch.Generator().manual_seed(0))
+    phase = torch.angle(frame_spectrum(x, window, hop, lookahead))
+    assert float(head_phase_loss(phase, x, window, hop, lookahead)) < 1e-4
+    turns = 2 * math.pi * torch.randint(-3, 4, phase.shape, generator=torch.Generator().manual_seed(1))
+    assert float(head_phase_loss(phase + turns + 0.7, x, window, hop, lookahead)) < 1e-3
+    noise = (torch.rand(phase.shape, generator=torch.Generator().manual_seed(2)) * 2 - 1) * math.pi
+    assert float(head_phase_loss(noise, x, window, hop, lookahead)) > 1.0
+
+    losses_ = ReconstructionLoss(CODEC.sample_rate, mel_windows=(32, 64), mel_bands=(5, 10), stft_windows=(64,))
+    t = torch.arange(64 * CODEC.hop_length) / CODEC.sample_rate
+    x = 0.4 * torch.sin(2 * math.pi * torch.tensor([[220.0], [330.0]]) * t)
+    trainer = _codec_trainer("istft+stft")
+    opt = torch.optim.AdamW(trainer.parameters(), lr=1e-2)
+    phases = []
+    for _ in range(8):
+        terms = loss_terms(trainer, losses_, x, head_phase_weight=1.0)
+        opt.zero_grad()
+        terms["loss"].backward()
+        opt.step()
+        phases.append(float(terms["phase"].detach()))
+    assert phases[-1] < phases[0] - 0.05, phases
+
+
 def test_bypassed_quantizer_decodes_the_unquantized_latent():
     """CodecTrainConfig.bypass_quantizer (the autoencoder-ceiling experiment): the decoder
     gets the latent itself, so the output is what the codec's own decoder makes of the

@@ -34,6 +34,7 @@ class VQOut:
     spread: Tensor  # squared norm of the mean normalized latent (0: directions spread evenly)
     # the "istft" head's log-magnitude [B, frames, bins] (None for other decoders)
     head_log_magnitude: Tensor | None = None
+    head_phase: Tensor | None = None  # and its phase [B, frames, bins]
 
 
 ENTROPY_TEMPERATURE = 0.05  # on cosine similarities in [-1, 1]
@@ -215,15 +216,15 @@ class CodecTrainer(nn.Module):
         if self.bypass_quantizer:
             z_sum = z
         decoder_in = q.upsample(q.post_module(z_sum))
-        head_log_magnitude = None
+        head_log_magnitude = head_phase = None
         if isinstance(self.codec.decoder, SpectralDecoder):
             h = self.codec.decoder.hidden(decoder_in)
             spectrum = self.codec.decoder.head.spectrum(h)
-            head_log_magnitude = spectrum[0]
+            head_log_magnitude, head_phase = spectrum
             y = self.codec.decoder.synthesize(h, spectrum)[:, 0]
         else:
             y = self.codec.decoder(decoder_in)[:, 0]
-        return y, VQOut(torch.stack(codes, 1), commitment, codebook, entropy, spread, head_log_magnitude)
+        return y, VQOut(torch.stack(codes, 1), commitment, codebook, entropy, spread, head_log_magnitude, head_phase)
 
     def _kept_codebooks(self, batch: int, device) -> Tensor:
         """Quantizer dropout: for a random `quantizer_dropout` share of the batch, decode

@@ -100,6 +100,41 @@ def head_spectrum_loss(log_magnitude: Tensor, x: Tensor, window: Tensor, hop: in
     return F.l1_loss(log_magnitude[:, inside].clamp(min=math.log(HEAD_FLOOR)), target[:, inside])
 
 
+def anti_wrapped(d: Tensor) -> Tensor:
+    """|d| folded onto [0, pi]: the distance between two phases whose difference is d."""
+    return (d - 2 * math.pi * torch.round(d / (2 * math.pi))).abs()
+
+
+def head_phase_loss(phase: Tensor, x: Tensor, window: Tensor, hop: int, lookahead: int = 0) -> Tensor:
+    """The "istft" head's phase [B, T / hop, bins] against the target's on the same frames
+    (frame_spectrum), by the anti-wrapped differences of its derivatives (APNet's
+    instantaneous-frequency and group-delay losses): along time (each bin's phase advance
+    from one frame to the next: a harmonic's frequency) and along frequency (the delay
+    that shapes each pitch pulse), over the frames inside the segment as in
+    head_spectrum_loss, each pair weighted by the target's magnitude there (the phase of a
+    bin with no energy is noise), the weights of a batch averaging 1.
+
+    Why: the output losses judge magnitudes only, so the head's phase is free wherever a
+    frame's overlap with its neighbours does not show in them. Measured on the shipped
+    voice (scripts/voice/run-2026-12-05): the teacher's magnitude with the codec's phase
+    placed 79.7% of held-out utterances with their pseudo-speaker, the codec's magnitude
+    with the teacher's phase 83.2%, the teacher 84.1%: the pitch feature reads the
+    phase's incoherence as a higher, less periodic voice. Not the absolute phase: it
+    depends on where a frame falls in a pitch period, which the codes do not say."""
+    target = frame_spectrum(x, window, hop, lookahead)
+    window_hops = window.shape[0] // hop
+    inside = slice(lookahead, target.shape[1] - (window_hops - 1 - lookahead))
+    target, phase = target[:, inside], phase[:, inside].float()
+    true = torch.angle(target)
+    weight = target.abs()
+    weight = weight / weight.mean().clamp(min=1e-8)
+    time_w = torch.sqrt(weight[:, 1:] * weight[:, :-1])
+    freq_w = torch.sqrt(weight[..., 1:] * weight[..., :-1])
+    frequency = anti_wrapped(phase.diff(dim=1) - true.diff(dim=1))  # instantaneous frequency
+    delay = anti_wrapped(phase.diff(dim=2) - true.diff(dim=2))  # group delay
+    return (time_w * frequency).mean() + (freq_w * delay).mean()
+
+
 def snr_db(y: Tensor, x: Tensor) -> float:
     """Waveform SNR (dB) of a reconstruction; phase-sensitive, so only a rough monitor."""
     noise = (y.float() - x.float()).pow(2).sum()

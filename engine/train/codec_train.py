@@ -46,7 +46,7 @@ from engine.train import checkpoints
 from engine.train.best import BestKeeper
 from engine.train.codec_forward import (CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_,
                                         normalize_codebooks_, use_fused_snake_)
-from engine.train.codec_losses import ReconstructionLoss, head_spectrum_loss, snr_db
+from engine.train.codec_losses import ReconstructionLoss, head_phase_loss, head_spectrum_loss, snr_db
 from engine.train.phone_targets import NUM_CLASSES
 from engine.train.presets import VOICE_CODEC
 from engine.train.schedule import Clock, lr_at
@@ -86,6 +86,9 @@ class CodecTrainConfig:
     # the "istft" decoder's head log-magnitude against the target's on the same frames
     # (codec_losses.head_spectrum_loss); 0: off, as every run before 2026-12-02
     head_spectrum_weight: float = 0.0
+    # the head's phase derivatives against the target's (codec_losses.head_phase_loss);
+    # 0: off, as every run before 2026-12-05
+    head_phase_weight: float = 0.0
     # the quantizers' latents and codes at unit length in the losses and the straight-
     # through path, not only in the search (codec_forward._quantize says why); False as
     # every run before 2026-12-02
@@ -143,15 +146,15 @@ def build(config: CodecConfig, device: str, cfg: CodecTrainConfig | None = None)
 
 def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tensor,
                entropy_weight: float = 0.1, spread_weight: float = 1.0,
-               head_spectrum_weight: float = 0.0) -> dict[str, torch.Tensor]:
+               head_spectrum_weight: float = 0.0, head_phase_weight: float = 0.0) -> dict[str, torch.Tensor]:
     y, vq = trainer(x)
     terms = {"mel": losses.mel(y, x), "stft": losses.stft(y, x), "commit": vq.commitment, "codebook": vq.codebook,
              "entropy": vq.entropy, "spread": vq.spread}
     terms["loss"] = (MEL_WEIGHT * terms["mel"] + STFT_WEIGHT * terms["stft"] + COMMIT_WEIGHT * terms["commit"]
                      + CODEBOOK_WEIGHT * terms["codebook"] + entropy_weight * terms["entropy"]
                      + spread_weight * terms["spread"])
-    if head_spectrum_weight > 0 and vq.head_log_magnitude is None:
-        raise ValueError("head_spectrum_weight needs the istft decoder (decoder_kind 'istft')")
+    if (head_spectrum_weight > 0 or head_phase_weight > 0) and vq.head_log_magnitude is None:
+        raise ValueError("head_spectrum_weight and head_phase_weight need the istft decoder (decoder_kind 'istft')")
     if vq.head_log_magnitude is not None:
         # logged whatever its weight: unlike the mel, it is not saturated by the phase
         decoder = trainer.codec.decoder
@@ -159,6 +162,10 @@ def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tenso
                                            decoder.head.hop, decoder.lookahead)
         if head_spectrum_weight > 0:
             terms["loss"] = terms["loss"] + head_spectrum_weight * terms["head"]
+        if head_phase_weight > 0:
+            terms["phase"] = head_phase_loss(vq.head_phase, x, decoder.head.analysis_window(x.device),
+                                             decoder.head.hop, decoder.lookahead)
+            terms["loss"] = terms["loss"] + head_phase_weight * terms["phase"]
     terms["_y"] = y
     return terms
 
@@ -234,7 +241,8 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         x = sampler.batch(cfg.batch)
-        terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight, cfg.head_spectrum_weight)
+        terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight, cfg.head_spectrum_weight,
+                             cfg.head_phase_weight)
         if phones is not None:
             terms["phone"] = trainer.phone_loss(*phones.batch(cfg.phone_batch))
             terms["loss"] = terms["loss"] + cfg.phone_weight * terms["phone"]
