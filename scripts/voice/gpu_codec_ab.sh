@@ -84,6 +84,11 @@ arm_args() {
     # peak, and one at twice the batch again
     Dc) echo "--set decoder_only=1 --set lr=3e-4 --set warmup=100 --set batch=64" ;;
     De) echo "--set decoder_only=1 --set lr=4e-4 --set warmup=100 --set batch=128" ;;
+    # with FROM_ a state-from-export of the shipped codec (step 20,958): Db's recipe plus
+    # the head's phase derivatives (codec_losses.head_phase_loss; the codec's phase is what
+    # cost the speaker features, scripts/voice/run-2026-12-05), at two weights
+    Pp) echo "$(arm_args Db) --set head_phase_weight=2" ;;
+    Pq) echo "$(arm_args Db) --set head_phase_weight=6" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
     esac
 }
