@@ -36,7 +36,7 @@
 #   bash scripts/gpu_check.sh headsgate  # serving_tests, load c=1,16,64 FP8 and bf16 each gated (~9 min; limits short)
 #   bash scripts/gpu_check.sh fp8gate    # serving_tests with room, FP8 load c=1,16,64 gated (~8 min)
 #   bash scripts/gpu_check.sh ab64       # FP8 load at c=64, this tree vs .carry/base.tar's, same call (~5 min)
-#   bash scripts/gpu_check.sh firstframes  # load c=1,16,64 FP8 and bf16 with a turn's first audio of 2 frames, FP8 c=64 with 1 (~9.5 min)
+#   bash scripts/gpu_check.sh firstframes  # load c=1,16,64x3 bf16, a turn's first audio of 1 and of 2 frames, same call (~6 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -105,6 +105,16 @@ load() {
     timeout "$limit" python3 -m latency_bench "${bench[@]}" --concurrency "$levels" --server-arg=--max-len=1536 \
         --server-arg=--quant="$q" "${extra[@]}" --out "$work" 2>&1 | grep -v "active=" | grep "^ *[0-9]" | sed "s/^/$name: /"
     cp "$work/results.json" "$out/$name.json" 2>/dev/null || echo "$name: no results (cut at $limit s?)"
+}
+# per level of a load run's results.json: the step interval, the decode step's GPU time,
+# the mean batch, the codec's share of GPU time and where the underruns began
+shares_lines() {
+    python3 -c "import json; r = json.load(open('$1'))['runs']['engine']
+for lv in r:
+    s, u = lv.get('engine_shares') or {}, lv.get('underrun_at_audio_s') or {}
+    print('  c=%d step %.2f ms (GPU %.2f) batch %.1f, codec GPU %.0f%%, underruns at %.3f s of audio (p50)' % (
+          lv['concurrency'], s.get('step_interval_ms', 0), s.get('decode_gpu_ms_per_step', 0), s.get('mean_batch', 0),
+          100 * s.get('codec_gpu_share', 0), u.get('p50') or 0))" 2>&1 | tail -5
 }
 case "$part" in
 tests)
@@ -511,16 +521,19 @@ headsgate)
     gated_load none 200
     ;;
 firstframes)
-    # issue 5's underruns at c=64, nearly all a turn's first frame (46 ms of audio) running
-    # out before the second: a turn's first audio of two frames (--codec-first-frames=2), now
-    # that the prefill thread makes the second frame itself; FP8 and bf16 at c=1,16,64, then
-    # FP8 with the default (1) at c=64 as this call's baseline (~9.5 min)
+    # issue 5's underruns at c=64: in the 2026-12-05 call (priority/) they began after a
+    # turn's first frame (46 ms of audio), before the second came, although the prefill
+    # thread makes it. A turn's first audio of two frames (--codec-first-frames=2) against
+    # the default 1, bf16, same call, each one server, c=1 and 16 once and c=64 three
+    # times (a c=64 level is ~10 s of load; one run is noisy) (~6 min)
     start=$(date +%s)
-    load fp8-first2 fp8 1,16,64 240 --codec-first-frames=2
-    load bf16-first2 none 1,16,64 210 --codec-first-frames=2
-    left=$(( 585 - ($(date +%s) - start) ))
-    [ "$left" -gt 60 ] && load fp8-first1 fp8 64 "$left" --codec-first-frames=1
-    echo "firstframes: $(( $(date +%s) - start )) s"
+    for f in ${FIRST:-1 2}; do
+        left=$(( 580 - ($(date +%s) - start) ))
+        [ "$left" -lt 90 ] && { echo "skipped first frames $f: $left s left"; continue; }
+        load "first$f" none 1,16,64,64,64 "$left" --codec-first-frames="$f"
+        shares_lines "$out/first$f.json"
+        echo "first frames $f done at $(( $(date +%s) - start )) s"
+    done
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the
