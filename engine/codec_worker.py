@@ -23,6 +23,18 @@ at 64 connections, nearly every underrun was a turn's first frame (46 ms of audi
 running out before the second came through a saturated GPU and codec; with 2, underruns
 fell from 105 to 6 and TTFA p50 rose from 79 to 121 ms (README, "Reference numbers").
 
+With `cut_in` (EngineConfig.codec_cut_in, off by default until measured on a GPU), a
+frame of a stream near the start of its audio that reaches the queue while a round is
+being decoded cuts the round short before its next call; the round's remaining chunks go
+back to be held, ahead of their streams' later frames, and a chunk goes back at most once.
+Measured on an H200 and an H100 at 64 connections (2026-12-05), the gaps of a real-time
+player began after a turn's first or second frame even when the prefill thread made the
+first three back to back: each of them was a small call queued behind rounds of up to 64
+streams x 4 frames, on a codec that is on the GPU ~65% of the time there. The stream
+priority of the codec's calls is not the lever: with the calls of streams well ahead of
+real time on a stream behind the decode step's, the step gained ~4% and a turn's first
+frame waited behind a starved call (latency_bench/reference/h200-s2pro/priority).
+
 A segment end hands out the audio the decoder still holds back (the "istft" codec's
 lookahead hops: engine/codec/streaming.py, `drain`) as the segment's last audio, before
 the end itself; a barge-in drops it. Without that, a reply's last ~35 ms (default voice)
@@ -60,6 +72,7 @@ class _Frame:
     slot: int
     turn: int
     codes: np.ndarray  # [C]
+    deferred: bool = False  # put back once when a round was cut short (cut_in); never again
 
 
 @dataclass(slots=True)
@@ -122,7 +135,7 @@ class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
         snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
-        release_interval_s: float = 0.0, state_kernels: bool | None = None,
+        release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         if first_frames not in self.chunks:
@@ -139,6 +152,12 @@ class CodecWorker:
             raise ValueError(f"release_interval_s must be in 0..1 s, got {release_interval_s}")
         self.release_interval_s = release_interval_s
         self._release_at = 0.0  # clock time of the next shared release
+        # a frame of a stream near the start of its audio (see _urgent) that arrives while
+        # a round is being decoded cuts the round short before its next call: the round's
+        # remaining chunks go back to be held (once; see _cut_in)
+        self.cut_in = cut_in
+        self._inbox: list = []  # queue items taken while looking for such frames mid-round
+        self.cuts = 0  # rounds cut short
         self.frame_s = codec.hop_length / codec.sample_rate  # audio per frame
         self._held: OrderedDict[int, list[_Frame]] = OrderedDict()  # slot -> frames not yet decoded
         self._leads: dict[int, _Lead] = {}  # slot -> its current turn's lead
@@ -149,7 +168,8 @@ class CodecWorker:
         self.device = self.decoder.device
         # its own CUDA stream: work on the legacy default stream would serialize with the
         # decode and prefill streams
-        # (high priority: audio someone waits for, in short calls; ahead of decode kernels)
+        # (high priority: audio someone waits for, in short calls; ahead of decode kernels.
+        # Bulk calls behind the decode step were measured and dropped: module docstring)
         self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self.cuda_graphs = self.stream is not None if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.stream is None:
@@ -202,12 +222,13 @@ class CodecWorker:
 
     def _run(self) -> None:
         while True:
-            wait = self._next_deadline()
+            items, self._inbox = self._inbox, []
+            wait = 0.0 if items else self._next_deadline()
             self.phases.to("idle")
             try:
-                items = [self._queue.get(timeout=wait) if wait is not None else self._queue.get()]
+                items.append(self._queue.get(timeout=wait) if wait is not None else self._queue.get())
             except queue.Empty:  # a held frame's stream is about to run out of audio
-                items = []
+                pass
             self.phases.to("deliver")
             while True:
                 try:
@@ -279,6 +300,40 @@ class CodecWorker:
             return True
         return len(frames) >= self.chunks[0] and now >= self._release_at
 
+    def _urgent(self, frame: _Frame) -> bool:
+        """A frame of a turn whose audio has not started, or whose audio leads its
+        playback by at most hold_lead_s (the first ~7 frames of a turn at twice real time)."""
+        lead = self._leads.get(frame.slot)
+        if lead is None or lead.turn != frame.turn:
+            return True
+        return self.hold_lead_s is None or lead.lead_s(self.clock(), self.frame_s) <= self.hold_lead_s
+
+    def _cut_in(self, rest: list[_Frame]) -> bool:
+        """Between two calls of a round: take what has been queued meanwhile into the inbox
+        and, if a frame of some stream near the start of its audio is among it, put the
+        round's remaining frames `rest` back to be held (in order, ahead of their streams'
+        later frames) and end the round, so that frame goes out in the next round (smallest
+        chunks first) instead of after this one's larger calls. A frame goes back at most
+        once: a round whose rest was put back before is not cut again."""
+        if not self.cut_in or not rest or any(f.deferred for f in rest):
+            return False
+        while True:
+            try:
+                self._inbox.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if not any(isinstance(f, _Frame) and self._urgent(f) for f in _flat(self._inbox)):
+            return False
+        back: OrderedDict[int, list[_Frame]] = OrderedDict()
+        for f in rest:
+            f.deferred = True
+            back.setdefault(f.slot, []).append(f)
+        for slot, frames in back.items():
+            self._held[slot] = frames + self._held.get(slot, [])
+            self._held.move_to_end(slot, last=False)
+        self.cuts += 1
+        return True
+
     def _releasing(self) -> bool:
         """Some held stream, past its turn's first audio, has a full chunk waiting (well
         ahead of real time, it waits for the shared release)."""
@@ -341,7 +396,9 @@ class CodecWorker:
                 frames = frames[:n]
             run += frames
         if run:
-            self._decode(run)
+            # only a round may be cut short: a flush before a stream's later item (its
+            # segment end, a new turn, a reset) must decode everything before it
+            self._decode(run, may_cut=one_chunk)
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -420,11 +477,12 @@ class CodecWorker:
         return pcm
 
     @torch.inference_mode()
-    def _decode(self, run: list[_Frame]) -> None:
+    def _decode(self, run: list[_Frame], may_cut: bool = False) -> None:
         run = [f for f in run if f.owner.wanted(f.turn)]  # closed or cancelled: skip the work
         pending: OrderedDict[int, list[_Frame]] = OrderedDict()
         for f in run:
             pending.setdefault(f.slot, []).append(f)
+        first = True
         while pending:  # each round takes the next chunk of every stream, in order
             groups: dict[int, list[int]] = {}
             for slot, frames in pending.items():
@@ -432,6 +490,9 @@ class CodecWorker:
             # smallest chunks first: single frames are mostly a turn's first audio (someone
             # waits for it), chunks of four belong to streams well ahead of real time
             for n, slots in sorted(groups.items()):
+                if may_cut and not first and self._cut_in([f for frames in pending.values() for f in frames]):
+                    return
+                first = False
                 chunks = {s: pending[s][:n] for s in slots}
                 for s in slots:
                     del pending[s][:n]

@@ -101,6 +101,14 @@ class EngineConfig:
     # "snake" (the Snake kernel only), "off" (the codec's PyTorch path): A/B baselines,
     # or a way around a kernel that misbehaves on some GPU
     codec_kernels: str = "all"
+    # a frame of a stream near the start of its audio (a turn's first frames, or a lead
+    # over playback of at most codec_hold_lead_s) that reaches the codec worker while it
+    # decodes a round cuts the round short before its next call (the rest goes out in
+    # the next round, after it): measured on H100/H200 at 64 connections, the gaps of a
+    # real-time player began after a turn's first or second frame, each a small codec
+    # call queued behind rounds of up to 64 streams x 4 frames (README, "Where the c=64
+    # gaps come from"). Off: not yet measured on the GPU.
+    codec_cut_in: bool = False
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same
     # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
@@ -222,7 +230,8 @@ class Engine:
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,
                                  release_interval_s=c.codec_release_interval_s,
                                  snake_kernel=None if c.codec_kernels != "off" else False,
-                                 state_kernels=None if c.codec_kernels == "all" else False)
+                                 state_kernels=None if c.codec_kernels == "all" else False,
+                                 cut_in=c.codec_cut_in and not c.naive)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())
@@ -335,6 +344,7 @@ class Engine:
             **self.decode_phases.snapshot("decode"),
             **self.prefill_phases.snapshot("prefill"),
             "codec_calls": self.codec.calls,
+            "codec_cuts": self.codec.cuts,
             "codec_frames": self.codec.frames_decoded,
             "codec_gpu_seconds": round(self.codec.gpu_s, 6),
             **self.codec.phases.snapshot("codec"),

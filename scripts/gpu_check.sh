@@ -38,6 +38,7 @@
 #   bash scripts/gpu_check.sh ab64       # FP8 load at c=64, this tree vs .carry/base.tar's, same call (~5 min)
 #   bash scripts/gpu_check.sh firstframes  # load c=1,16,64x3 bf16, a turn's first audio of 1 and of 2 frames, same call (~6 min)
 #   bash scripts/gpu_check.sh thirdframe  # (with its diff applied) load c=16,64x3 bf16, the prefill thread's third frame vs its second only (~7 min)
+#   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -551,6 +552,22 @@ thirdframe)
         flag=(); [ "$v" = third ] && flag=(--prefill-third-frame)
         load "frames-$v" none 16,64,64,64 "$left" "${flag[@]}"
         shares_lines "$out/frames-$v.json"
+        echo "$v done at $(( $(date +%s) - start )) s"
+    done
+    ;;
+cutin)
+    # issue 5's gaps early in a reply at c=64: --codec-cut-in (a frame of a stream near
+    # the start of its audio cuts the codec's round in progress short) against the
+    # default, bf16, same call, c=16 once and c=64 three times (~5.5 min)
+    start=$(date +%s)
+    for v in ${VARIANTS:-default cutin}; do
+        left=$(( 500 - ($(date +%s) - start) ))
+        [ "$left" -lt 90 ] && { echo "skipped $v: $left s left"; continue; }
+        flag=(); [ "$v" = cutin ] && flag=(--codec-cut-in)
+        load "cut-$v" none 16,64,64,64 "$left" "${flag[@]}"
+        shares_lines "$out/cut-$v.json"
+        python3 -c "import json; r = json.load(open('$out/cut-$v.json'))['runs']['engine']
+print('  rounds cut short:', [(lv['concurrency'], (lv.get('engine_shares') or {}).get('codec_cuts')) for lv in r])"
         echo "$v done at $(( $(date +%s) - start )) s"
     done
     ;;

@@ -5,6 +5,8 @@ down even if no more frames come, and a segment end flushes everything before it
 
 from __future__ import annotations
 
+import queue
+
 import numpy as np
 import pytest
 import torch
@@ -34,8 +36,8 @@ def codec():
     return load_bundle("tiny", "cpu", torch.float32).codec
 
 
-def make_worker(codec, hold, max_chunk=CHUNKS[0]):
-    worker = CodecWorker(codec, 2, hold_lead_s=hold, max_chunk=max_chunk)
+def make_worker(codec, hold, max_chunk=CHUNKS[0], streams=2, cut_in=False):
+    worker = CodecWorker(codec, streams, hold_lead_s=hold, max_chunk=max_chunk, cut_in=cut_in)
     clock = [1000.0]
     worker.clock = lambda: clock[0]
     return worker, clock
@@ -181,6 +183,170 @@ def test_a_first_frame_overtakes_another_streams_backlog(codec):
     assert order == ["a", "b", "a", "a"]
 
 
+def _one_pass(worker: CodecWorker) -> None:
+    """One pass of the worker's loop (_run) without waiting: what it took into its inbox
+    mid-round first, then everything queued."""
+    items, worker._inbox = worker._inbox, []
+    while True:
+        try:
+            items.append(worker._queue.get_nowait())
+        except queue.Empty:
+            break
+    worker._process(items)
+
+
+@pytest.mark.parametrize("cut_in", [False, True])
+def test_a_turns_first_frame_cuts_a_round_in_progress_short(codec, cut_in):
+    """With cut_in, a turn's first frame queued while a round is decoded goes out before
+    the round's remaining (larger) calls; those are put back once only, so a second such
+    frame waits for them; every stream's audio stays whole and in order."""
+    worker, clock = make_worker(codec, 0.3, streams=4, cut_in=cut_in)
+    order: list[str] = []
+    codes = np.random.default_rng(3).integers(0, 64, (40, codec.num_codebooks))
+
+    class Named(Listener):
+        def __init__(self, name: str, on_audio=None) -> None:
+            super().__init__()
+            self.name, self.on_audio = name, on_audio
+
+        def audio(self, turn: int, pcm: np.ndarray) -> None:
+            super().audio(turn, pcm)
+            order.append(self.name)
+            if self.on_audio:  # the decode thread queues frames while the worker decodes
+                self.on_audio(), setattr(self, "on_audio", None)
+
+    d = Named("d")
+    c = Named("c", lambda: worker.frames([(d, 3, 1, codes[1])]))
+    a, b = Named("a"), Named("b", lambda: worker.frames([(c, 2, 1, codes[2])]))
+    near = int(0.3 // worker.frame_s) + 1
+    for i in range(near):  # a's lead passes the hold: its frames now go out four at a time
+        worker._process([_Frame(a, 0, 1, codes[i])])
+    order.clear()
+    # one round: b's first frame (1 frame, first), then a's chunk of 4
+    worker._process([_Frame(b, 1, 1, codes[3]), [_Frame(a, 0, 1, codes[4 + i]) for i in range(CHUNKS[0])]])
+    while worker._inbox or not worker._queue.empty():
+        _one_pass(worker)
+    if cut_in:  # c cut in before a's chunk; d, queued during c's call, waits for it (put back once)
+        assert order == ["b", "c", "a", "d"] and worker.cuts == 1
+    else:
+        assert order == ["b", "a", "c", "d"] and worker.cuts == 0
+    assert sum(a.chunks) == (near + CHUNKS[0]) * codec.hop_length and a.chunks[-1] == CHUNKS[0] * codec.hop_length
+    assert [sum(x.chunks) for x in (b, c, d)] == [codec.hop_length] * 3
+
+
+def _two_streams_under_load(codec, cut_in: bool):
+    """Stream a well ahead of real time, stream b's turn starting at step 10, frames of
+    both coming from a "decode thread" at twice real time while the worker decodes (each
+    audio callback queues the next step's frames); returns ({stream: PCM}, {stream:
+    events in order}, rounds cut)."""
+    worker, clock = make_worker(codec, 0.3, cut_in=cut_in)
+    codes = np.random.default_rng(4).integers(0, 64, (40, codec.num_codebooks))
+    steps = [[(0, t)] + ([(1, t)] if t >= 10 else []) for t in range(40)]
+    pcm: dict[int, list] = {0: [], 1: []}
+    events: dict[int, list] = {0: [], 1: []}
+
+    class Rec(Listener):
+        def __init__(self, slot: int) -> None:
+            super().__init__()
+            self.slot = slot
+
+        def audio(self, turn: int, chunk: np.ndarray) -> None:
+            pcm[self.slot].append(chunk)
+            events[self.slot].append("audio")
+            if self.slot == 1:  # b's audio out: the decode thread's next step lands mid-round
+                step()
+
+        def segment_end(self, turn: int, reason: str) -> None:
+            events[self.slot].append("end")
+
+    who = {0: Rec(0), 1: Rec(1)}
+
+    def step() -> None:
+        clock[0] += worker.frame_s / 2
+        if steps:
+            worker.frames([(who[s], s, 1, codes[t]) for s, t in steps.pop(0)])
+        elif not ended:  # after the last step: both segments end
+            for s in (0, 1):
+                worker.end(who[s], s, 1, "end")
+            ended.append(True)
+
+    ended: list[bool] = []
+    for _ in range(500):  # the decode thread: one step per pass of the worker
+        step()
+        _one_pass(worker)
+        if events[0][-1:] == ["end"] and events[1][-1:] == ["end"]:
+            break
+    return {s: np.concatenate(p) for s, p in pcm.items()}, events, worker.cuts
+
+
+def test_a_cut_round_never_reorders_a_streams_audio_or_its_end(codec):
+    """Rounds cut short put their rest back ahead of the streams' later frames: each
+    stream's audio is the audio it gets without cuts (the decoder is stateful, so a frame
+    out of order would change it), and its segment end comes after all of it."""
+    plain, plain_events, cuts = _two_streams_under_load(codec, cut_in=False)
+    cut, cut_events, cuts_made = _two_streams_under_load(codec, cut_in=True)
+    assert cuts == 0 and cuts_made > 0
+    for s, n in ((0, 40), (1, 30)):
+        assert cut[s].shape == (n * codec.hop_length,)
+        np.testing.assert_allclose(cut[s], plain[s], atol=1e-5)
+        assert cut_events[s][-1] == "end" and "end" not in cut_events[s][:-1]
+
+
+def _stream_with_a_backlog(codec, cut_in: bool, end: bool):
+    """Stream a, well ahead, gets 9 more frames at once; b's first frame comes with them
+    (its call goes first, smallest chunks first), and b's audio callback queues c's first
+    frame, which cuts the round (cut_in) while a still holds 5 frames behind the chunk in
+    the round. end: a's segment end comes with the 9 frames too (a flush, which is never
+    cut: c's frame then arrives during it). Returns (a's PCM, a's events in order, cuts)."""
+    worker, clock = make_worker(codec, 0.3, streams=4, cut_in=cut_in)
+    codes = np.random.default_rng(5).integers(0, 64, (40, codec.num_codebooks))
+    events: list[str] = []
+    pcm: list[np.ndarray] = []
+    queued: list[bool] = []
+
+    class A(Listener):
+        def audio(self, turn: int, chunk: np.ndarray) -> None:
+            pcm.append(chunk)
+            events.append("audio")
+            if end and len(pcm) > near and not queued:  # c's first frame lands during the flush
+                worker.frames([(Listener(), 2, 1, codes[30])])
+                queued.append(True)
+
+        def segment_end(self, turn: int, reason: str) -> None:
+            events.append("end")
+
+    class B(Listener):
+        def audio(self, turn: int, chunk: np.ndarray) -> None:
+            if not queued:
+                worker.frames([(Listener(), 2, 1, codes[30])])
+                queued.append(True)
+
+    a, b = A(), B()
+    near = int(0.3 // worker.frame_s) + 1
+    for i in range(near):
+        worker._process([_Frame(a, 0, 1, codes[i])])
+    items = [[_Frame(a, 0, 1, codes[near + i]) for i in range(9)]]
+    items += [_End(a, 0, 1, "end")] if end else [_Frame(b, 1, 1, codes[35])]
+    worker._process(items)
+    for _ in range(50):
+        clock[0] += worker.frame_s
+        _one_pass(worker)
+    if not end:
+        worker._process([_End(a, 0, 1, "end")])
+    return np.concatenate(pcm), events, worker.cuts
+
+
+@pytest.mark.parametrize("end", [False, True], ids=["round", "flush"])
+def test_a_cut_round_puts_its_rest_back_ahead_of_the_streams_later_frames(codec, end):
+    plain, _, _ = _stream_with_a_backlog(codec, cut_in=False, end=end)
+    cut, events, cuts = _stream_with_a_backlog(codec, cut_in=True, end=end)
+    assert cuts == (0 if end else 1)  # a flush before a segment end is never cut
+    near = int(0.3 // (codec.hop_length / codec.sample_rate)) + 1
+    assert cut.shape == plain.shape == ((near + 9) * codec.hop_length,)
+    np.testing.assert_allclose(cut, plain, atol=1e-5)  # the same frames, in the same order
+    assert events[-1] == "end" and "end" not in events[:-1]
+
+
 def test_service_flags_set_the_codec_policy():
     from realtime.config import parse_args
 
@@ -190,6 +356,7 @@ def test_service_flags_set_the_codec_policy():
     assert (parse_args([]).engine.codec_max_chunk, parse_args([]).engine.codec_hold_lead_s) == (CHUNKS[0], 0.3)
     with pytest.raises(SystemExit):
         parse_args(["--codec-max-chunk", "5"])
+    assert parse_args(["--codec-cut-in"]).engine.codec_cut_in and not parse_args([]).engine.codec_cut_in
 
 
 @pytest.mark.parametrize("hold", [0.3, None])
