@@ -116,7 +116,25 @@ for lv in r:
     s, u = lv.get('engine_shares') or {}, lv.get('underrun_at_audio_s') or {}
     print('  c=%d step %.2f ms (GPU %.2f) batch %.1f, codec GPU %.0f%%, underruns at %.3f s of audio (p50)' % (
           lv['concurrency'], s.get('step_interval_ms', 0), s.get('decode_gpu_ms_per_step', 0), s.get('mean_batch', 0),
-          100 * s.get('codec_gpu_share', 0), u.get('p50') or 0))" 2>&1 | tail -5
+          100 * s.get('codec_gpu_share', 0), u.get('p50') or 0) + (', %d codec rounds cut short' % s['codec_cuts']
+          if s.get('codec_cuts') else ''))" 2>&1 | tail -5
+}
+# load runs of the reference workload in bf16, one server per variant, in one call:
+# ab_loads PREFIX LEVELS SECONDS NAME[:FLAG[,FLAG...]] ...; each variant's results in
+# $out/PREFIX-NAME.json and its shares lines printed; a variant that would have less than
+# 90 of the SECONDS left is skipped
+ab_loads() {
+    local prefix=$1 levels=$2 limit=$3 start v name left; shift 3
+    start=$(date +%s)
+    for v in "$@"; do
+        name=${v%%:*}
+        local flags=(); [ "$v" != "$name" ] && IFS=, read -ra flags <<< "${v#*:}"
+        left=$(( limit - ($(date +%s) - start) ))
+        [ "$left" -lt 90 ] && { echo "skipped $name: $left s left"; continue; }
+        load "$prefix-$name" none "$levels" "$left" "${flags[@]}"
+        shares_lines "$out/$prefix-$name.json"
+        echo "$name done at $(( $(date +%s) - start )) s"
+    done
 }
 case "$part" in
 tests)
@@ -528,14 +546,7 @@ firstframes)
     # thread makes it. A turn's first audio of two frames (--codec-first-frames=2) against
     # the default 1, bf16, same call, each one server, c=1 and 16 once and c=64 three
     # times (a c=64 level is ~10 s of load; one run is noisy) (~6 min)
-    start=$(date +%s)
-    for f in ${FIRST:-1 2}; do
-        left=$(( 580 - ($(date +%s) - start) ))
-        [ "$left" -lt 90 ] && { echo "skipped first frames $f: $left s left"; continue; }
-        load "first$f" none 1,16,64,64,64 "$left" --codec-first-frames="$f"
-        shares_lines "$out/first$f.json"
-        echo "first frames $f done at $(( $(date +%s) - start )) s"
-    done
+    ab_loads first 1,16,64,64,64 580 ${VARIANTS:-1:--codec-first-frames=1 2:--codec-first-frames=2}
     ;;
 thirdframe)
     # issue 5's underruns at c=64 after a turn's first two or three frames: the prefill
@@ -543,33 +554,15 @@ thirdframe)
     # default), bf16, same call, c=16 once and c=64 three times; the engine's GPU test
     # with it first (~7 min). Measured 2026-12-05 and not kept: `git apply
     # latency_bench/reference/h100-s2pro/third-frame/prefill-third-frame.diff` first
-    start=$(date +%s)
     timeout 100 python3 -m pytest -q --tb=short -rfE tests/test_gpu.py -k "batched_equals_alone" \
         > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
-    for v in ${VARIANTS:-second third}; do
-        left=$(( 500 - ($(date +%s) - start) ))
-        [ "$left" -lt 90 ] && { echo "skipped $v: $left s left"; continue; }
-        flag=(); [ "$v" = third ] && flag=(--prefill-third-frame)
-        load "frames-$v" none 16,64,64,64 "$left" "${flag[@]}"
-        shares_lines "$out/frames-$v.json"
-        echo "$v done at $(( $(date +%s) - start )) s"
-    done
+    ab_loads frames 16,64,64,64 480 ${VARIANTS:-second third:--prefill-third-frame}
     ;;
 cutin)
     # issue 5's gaps early in a reply at c=64: --codec-cut-in (a frame of a stream near
     # the start of its audio cuts the codec's round in progress short) against the
     # default, bf16, same call, c=16 once and c=64 three times (~5.5 min)
-    start=$(date +%s)
-    for v in ${VARIANTS:-default cutin}; do
-        left=$(( 500 - ($(date +%s) - start) ))
-        [ "$left" -lt 90 ] && { echo "skipped $v: $left s left"; continue; }
-        flag=(); [ "$v" = cutin ] && flag=(--codec-cut-in)
-        load "cut-$v" none 16,64,64,64 "$left" "${flag[@]}"
-        shares_lines "$out/cut-$v.json"
-        python3 -c "import json; r = json.load(open('$out/cut-$v.json'))['runs']['engine']
-print('  rounds cut short:', [(lv['concurrency'], (lv.get('engine_shares') or {}).get('codec_cuts')) for lv in r])"
-        echo "$v done at $(( $(date +%s) - start )) s"
-    done
+    ab_loads cut 16,64,64,64 500 ${VARIANTS:-default cutin:--codec-cut-in}
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the
