@@ -200,7 +200,7 @@ class CodecWorker:
         self._thread.join(timeout=10)
 
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._inbox)  # the inbox: items taken mid-round (cut_in)
 
     def frames(self, frames: list[tuple[Any, int, int, np.ndarray]]) -> None:
         """(owner, slot, turn, codes [C]) frames, e.g. a decode step's, as one queue item:
