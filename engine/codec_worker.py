@@ -26,7 +26,7 @@ fell from 105 to 6 and TTFA p50 rose from 79 to 121 ms (README, "Reference numbe
 With `cut_in` (EngineConfig.codec_cut_in, off by default until measured on a GPU), a
 frame of a stream near the start of its audio that reaches the queue while a round is
 being decoded cuts the round short before its next call; the round's remaining chunks go
-back to be held, ahead of their streams' later frames, and a chunk goes back at most once.
+back to be held, ahead of their streams' later frames, and the round after a cut runs whole.
 Measured on an H200 and an H100 at 64 connections (2026-12-05), the gaps of a real-time
 player began after a turn's first or second frame even when the prefill thread made the
 first three back to back: each of them was a small call queued behind rounds of up to 64
@@ -72,7 +72,6 @@ class _Frame:
     slot: int
     turn: int
     codes: np.ndarray  # [C]
-    deferred: bool = False  # put back once when a round was cut short (cut_in); never again
 
 
 @dataclass(slots=True)
@@ -154,9 +153,10 @@ class CodecWorker:
         self._release_at = 0.0  # clock time of the next shared release
         # a frame of a stream near the start of its audio (see _urgent) that arrives while
         # a round is being decoded cuts the round short before its next call: the round's
-        # remaining chunks go back to be held (once; see _cut_in)
+        # remaining chunks go back to be held (see _cut_in)
         self.cut_in = cut_in
         self._inbox: list = []  # queue items taken while looking for such frames mid-round
+        self._after_cut = False  # the last round was cut short: the next one runs whole
         self.cuts = 0  # rounds cut short
         self.frame_s = codec.hop_length / codec.sample_rate  # audio per frame
         self._held: OrderedDict[int, list[_Frame]] = OrderedDict()  # slot -> frames not yet decoded
@@ -296,42 +296,43 @@ class CodecWorker:
         lead = self._started(slot, frames)
         if lead is None:
             return len(frames) >= self.first_frames
-        if self.hold_lead_s is None or lead.lead_s(now, self.frame_s) <= self.hold_lead_s:
+        if self._near_real_time(lead, now):
             return True
         return len(frames) >= self.chunks[0] and now >= self._release_at
 
-    def _urgent(self, frame: _Frame) -> bool:
-        """A frame of a turn whose audio has not started, or whose audio leads its
-        playback by at most hold_lead_s (the first ~7 frames of a turn at twice real time)."""
-        lead = self._leads.get(frame.slot)
-        if lead is None or lead.turn != frame.turn:
-            return True
-        return self.hold_lead_s is None or lead.lead_s(self.clock(), self.frame_s) <= self.hold_lead_s
+    def _near_real_time(self, lead: _Lead, now: float) -> bool:
+        """The stream's audio leads its playback by at most hold_lead_s (or nothing is held)."""
+        return self.hold_lead_s is None or lead.lead_s(now, self.frame_s) <= self.hold_lead_s
 
-    def _cut_in(self, rest: list[_Frame]) -> bool:
+    def _urgent(self, frame: _Frame, now: float) -> bool:
+        """A frame of a turn whose audio has not started, or of a stream near real time
+        (the first ~7 frames of a turn at twice real time)."""
+        lead = self._started(frame.slot, [frame])
+        return lead is None or self._near_real_time(lead, now)
+
+    def _cut_in(self, pending: OrderedDict[int, list[_Frame]]) -> bool:
         """Between two calls of a round: take what has been queued meanwhile into the inbox
         and, if a frame of some stream near the start of its audio is among it, put the
-        round's remaining frames `rest` back to be held (in order, ahead of their streams'
-        later frames) and end the round, so that frame goes out in the next round (smallest
-        chunks first) instead of after this one's larger calls. A frame goes back at most
-        once: a round whose rest was put back before is not cut again."""
-        if not self.cut_in or not rest or any(f.deferred for f in rest):
+        round's remaining frames (`pending`) back to be held (in order, ahead of their
+        streams' later frames) and end the round, so that frame goes out in the next round
+        (smallest chunks first) instead of after this one's larger calls. The round after a
+        cut is never cut, so put-back frames wait at most once."""
+        if self._after_cut or not any(pending.values()):
             return False
         while True:
             try:
                 self._inbox.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        if not any(isinstance(f, _Frame) and self._urgent(f) for f in _flat(self._inbox)):
+        now = self.clock()
+        if not any(isinstance(f, _Frame) and self._urgent(f, now) for f in _flat(self._inbox)):
             return False
-        back: OrderedDict[int, list[_Frame]] = OrderedDict()
-        for f in rest:
-            f.deferred = True
-            back.setdefault(f.slot, []).append(f)
-        for slot, frames in back.items():
-            self._held[slot] = frames + self._held.get(slot, [])
-            self._held.move_to_end(slot, last=False)
+        for slot, frames in reversed(pending.items()):  # reversed: the round's first stream ends up first
+            if frames:
+                self._held[slot] = frames + self._held.get(slot, [])
+                self._held.move_to_end(slot, last=False)
         self.cuts += 1
+        self._after_cut = True
         return True
 
     def _releasing(self) -> bool:
@@ -398,7 +399,7 @@ class CodecWorker:
         if run:
             # only a round may be cut short: a flush before a stream's later item (its
             # segment end, a new turn, a reset) must decode everything before it
-            self._decode(run, may_cut=one_chunk)
+            self._decode(run, may_cut=one_chunk and self.cut_in)
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -490,7 +491,7 @@ class CodecWorker:
             # smallest chunks first: single frames are mostly a turn's first audio (someone
             # waits for it), chunks of four belong to streams well ahead of real time
             for n, slots in sorted(groups.items()):
-                if may_cut and not first and self._cut_in([f for frames in pending.values() for f in frames]):
+                if may_cut and not first and self._cut_in(pending):
                     return
                 first = False
                 chunks = {s: pending[s][:n] for s in slots}
@@ -498,6 +499,8 @@ class CodecWorker:
                     del pending[s][:n]
                 self._decode_group(n, slots, chunks)
             pending = OrderedDict((s, f) for s, f in pending.items() if f)
+        if may_cut:
+            self._after_cut = False
 
     def _decode_group(self, n: int, slots: list[int], chunks: dict[int, list[_Frame]]) -> None:
         for start in range(0, len(slots), self.buckets[-1]):

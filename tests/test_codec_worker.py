@@ -198,8 +198,8 @@ def _one_pass(worker: CodecWorker) -> None:
 @pytest.mark.parametrize("cut_in", [False, True])
 def test_a_turns_first_frame_cuts_a_round_in_progress_short(codec, cut_in):
     """With cut_in, a turn's first frame queued while a round is decoded goes out before
-    the round's remaining (larger) calls; those are put back once only, so a second such
-    frame waits for them; every stream's audio stays whole and in order."""
+    the round's remaining (larger) calls; the round after a cut runs whole, so a second
+    such frame waits for them; every stream's audio stays whole and in order."""
     worker, clock = make_worker(codec, 0.3, streams=4, cut_in=cut_in)
     order: list[str] = []
     codes = np.random.default_rng(3).integers(0, 64, (40, codec.num_codebooks))
@@ -226,7 +226,7 @@ def test_a_turns_first_frame_cuts_a_round_in_progress_short(codec, cut_in):
     worker._process([_Frame(b, 1, 1, codes[3]), [_Frame(a, 0, 1, codes[4 + i]) for i in range(CHUNKS[0])]])
     while worker._inbox or not worker._queue.empty():
         _one_pass(worker)
-    if cut_in:  # c cut in before a's chunk; d, queued during c's call, waits for it (put back once)
+    if cut_in:  # c cut in before a's chunk; d, queued during c's call, waits for it (no second cut)
         assert order == ["b", "c", "a", "d"] and worker.cuts == 1
     else:
         assert order == ["b", "a", "c", "d"] and worker.cuts == 0
