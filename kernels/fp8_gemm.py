@@ -55,6 +55,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.fp8_configs import TUNED
+from kernels.fp8_epilogue import store_tile
+from kernels.fp8_gemm_tma import launch_tma, tma_ready
 from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
                                quantize_act, quantize_act_reference, swiglu_quant, swiglu_quant_reference)
 from kernels.pdl import launch_args, pdl_wait
@@ -95,10 +97,22 @@ class GemmConfig:
     # function, torch._scaled_mm with 1 x 128 / 128 x 128 scales; Hopper, cuBLASLt >= 12.9;
     # the tile fields are then unused and the activations are quantized in a launch first)
     backend: str = "triton"
+    # the TMA kernel (kernels/fp8_gemm_tma.py; needs quantize_in_gemm=False: it runs on
+    # codes), persistent with this many programs per SM (0: one program per unit), its K
+    # loop warp-specialized. Candidates of the sweep, not yet measured on a GPU.
+    tma: bool = False
+    programs_per_sm: int = 0
+    warp_specialize: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
+        if (self.programs_per_sm or self.warp_specialize) and not self.tma:
+            raise ValueError("programs_per_sm and warp_specialize are options of the TMA kernel (tma=True)")
+        if self.tma and (self.quantize_in_gemm or self.backend != "triton"):
+            raise ValueError("the TMA kernel runs on codes: it needs quantize_in_gemm=False and backend 'triton'")
+        if not 0 <= self.programs_per_sm <= 8:
+            raise ValueError(f"programs_per_sm={self.programs_per_sm} must be in 0..8")
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
@@ -247,33 +261,8 @@ def _fp8_gemm_kernel(
         else:
             b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=b_mask, other=0.0)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])  # [BM, BN]
-    if SWAP_AB:
-        out_mask = m_ok[None, :] & n_ok[:, None]
-        c_offs = offs_m[None, :] * stride_cm + offs_n[:, None]
-        p_offs = offs_m[None, :] * N + offs_n[:, None]
-    else:
-        out_mask = m_ok[:, None] & n_ok[None, :]
-        c_offs = offs_m[:, None] * stride_cm + offs_n[None, :]
-        p_offs = offs_m[:, None] * N + offs_n[None, :]
-    if SPLIT_MODE == 0:
-        tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(p_ptr + split * M * N + p_offs, acc, mask=out_mask)
-        if SPLIT_MODE == 2:
-            # every thread's partial is written before the count goes up (release); the
-            # split that makes the count complete reads all partials (acquire, past L1)
-            tl.debug_barrier()
-            tile = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
-            done = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                # unrolled: every split's loads are in flight at once, one L2 round trip at the
-                # end of the launch instead of SPLITS dependent ones; summed in split order
-                # (deterministic)
-                total = tl.zeros_like(acc)
-                for s in tl.static_range(SPLITS):
-                    total += tl.load(p_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-                tl.store(c_ptr + c_offs, total.to(c_ptr.dtype.element_ty), mask=out_mask)
-                tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    store_tile(acc, offs_m, offs_n, m_ok, n_ok, pid_m * tl.num_programs(0) + pid_n, split, M, N, c_ptr, p_ptr,
+               cnt_ptr, stride_cm, SWAP_AB, SPLIT_MODE, SPLITS)
 
 
 @triton.jit
@@ -415,16 +404,20 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
         if cfg.reduce_in_kernel and grid[0] * grid[1] <= COUNTER_SLOTS:
             counters = _counters(a.device)
         split_mode = SPLIT_SEPARATE_REDUCE if counters is None else SPLIT_LAST_REDUCES
-    _fp8_gemm_kernel[grid](
-        a, a if a_scale is None else a_scale, b, b_scale, out, partials, partials if counters is None else counters,
-        m, n, k, groups, per_split, k,
-        a.stride(0), b.stride(0), out.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
-        EVEN_K=k % GROUP == 0 and groups % per_split == 0,
-        A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=_interpreting(),
-        SPLITS=splits if split_mode == SPLIT_LAST_REDUCES else 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(),
-    )
+    if cfg.tma and a_mode == A_CODES and tma_ready(a, b):
+        launch_tma(a, a_scale, b, b_scale, out, partials, counters, k, per_split, splits, split_mode, cfg,
+                   _num_sms(a.device.index if a.is_cuda else None), launch_args())
+    else:
+        _fp8_gemm_kernel[grid](
+            a, a if a_scale is None else a_scale, b, b_scale, out, partials, partials if counters is None else counters,
+            m, n, k, groups, per_split, k,
+            a.stride(0), b.stride(0), out.stride(0),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
+            EVEN_K=k % GROUP == 0 and groups % per_split == 0,
+            A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=_interpreting(),
+            SPLITS=splits if split_mode == SPLIT_LAST_REDUCES else 1,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(),
+        )
     if split_mode == SPLIT_SEPARATE_REDUCE:
         _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK, **launch_args(),

@@ -60,7 +60,50 @@ def split_choices(k: int) -> list[int]:
     return [s for s in SPLITS if s <= groups and cdiv(groups, cdiv(groups, s)) == s and groups >= 2 * s or s == 1]
 
 
-def candidates(shape: Shape, m: int, smoke: bool = False):
+# The TMA kernel's candidates (`--tma`, kernels/fp8_gemm_tma.py): fewer tiles, each with
+# every way of running the grid (one program per unit, or persistent with 1 or 2 programs
+# per SM) and its K loop warp-specialized or not.
+TMA_SWAP_TILES = [(64, 4, 4), (128, 8, 3), (128, 8, 4)]
+TMA_PLAIN_TILES = [(64, 64, 4, 4), (64, 128, 8, 4), (128, 128, 8, 3)]
+TMA_PROGRAMS_PER_SM = [0, 1, 2]
+SMS = 132  # an H200's
+
+
+def tma_splits(shape: Shape, m: int, tiles: int) -> list[int]:
+    """No split, and the fewest splits whose units fill the GPU once and twice over."""
+    choices = split_choices(shape.k)
+    want = [1] + [next((s for s in choices if tiles * s >= w * SMS), choices[-1]) for w in (1, 2)]
+    return sorted(set(want))
+
+
+def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
+    """The TMA kernel's choices for (shape, M), plus the pointer kernel's current table
+    entry (the baseline in the same run) and cuBLAS's block-scaled GEMM."""
+    from kernels.fp8_gemm import GemmConfig, cublas_supported, gemm_config, m_class
+
+    mc = m_class(m)
+    tiles = []
+    if mc <= 64:
+        tiles += [(max(16, mc), bn, True, w, st) for bn, w, st in TMA_SWAP_TILES]
+    if mc >= 32:
+        tiles += [(bm, bn, False, w, st) for bm, bn, w, st in TMA_PLAIN_TILES]
+    if smoke:
+        tiles = tiles[:1]
+    out = [gemm_config(m, shape.n, shape.k)]
+    for bm, bn, swap, warps, stages in tiles:
+        for s in tma_splits(shape, m, cdiv(shape.n, bn) * cdiv(m, bm))[: 2 if smoke else None]:
+            for pps in TMA_PROGRAMS_PER_SM[: 2 if smoke else None]:
+                for ws in (False, True):
+                    out.append(GemmConfig(bm, bn, swap, s, warps, stages, quantize_in_gemm=False, tma=True,
+                                          programs_per_sm=pps, warp_specialize=ws))
+    if cublas_supported(shape.n, shape.k, torch.bfloat16):
+        out.append(GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas"))
+    return list(dict.fromkeys(out))
+
+
+def candidates(shape: Shape, m: int, smoke: bool = False, tma: bool = False):
+    if tma:
+        return tma_candidates(shape, m, smoke)
     from kernels.fp8_gemm import GemmConfig, cublas_supported, m_class
 
     mc = m_class(m)
@@ -93,6 +136,10 @@ def compile_key(shape: Shape, m: int, cfg, a_mode: int) -> tuple:
     if cfg.backend == "cublas":
         return ("cublas", a_mode)  # only the quantize kernels compile
     split_mode = 0 if cfg.splits == 1 else (2 if cfg.reduce_in_kernel else 1)
+    if cfg.tma:  # no EVEN_K or A_MODE: the copies zero-fill, the operands are codes
+        unrolled = cfg.splits if split_mode == 2 else 1
+        return ("tma", cfg.block_m, cfg.block_n, cfg.swap_ab, split_mode, unrolled, cfg.num_warps, cfg.num_stages,
+                cfg.programs_per_sm > 0, cfg.warp_specialize)
     a_mode = a_mode if cfg.quantize_in_gemm else 0
     unrolled = cdiv(groups, per) if split_mode == 2 else 1  # the in-kernel sum is unrolled over the splits
     return (cfg.block_m, cfg.block_n, cfg.swap_ab, even, a_mode, split_mode, unrolled, cfg.num_warps, cfg.num_stages)
@@ -194,11 +241,11 @@ def _time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int,
     return timer.us_per_call(fns)
 
 
-def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: int) -> list[dict]:
+def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: int, tma: bool = False) -> list[dict]:
     from kernels.fp8_gemm import GemmConfig, gemm_config
 
     cuda = timer.device.type == "cuda"
-    plan = [(s, m, c, 2 if swiglu_shape(s) else 1) for s in shapes for m in ms for c in candidates(s, m, smoke)]
+    plan = [(s, m, c, 2 if swiglu_shape(s) else 1) for s in shapes for m in ms for c in candidates(s, m, smoke, tma)]
     print(f"{len(plan)} timings planned", flush=True)
     precompile(plan, jobs, cuda)
     rows = []
@@ -208,17 +255,21 @@ def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: i
         for m in ms:
             x = torch.randn(m, 2 * shape.k if a_mode == 2 else shape.k, device=timer.device).bfloat16()
             expected = reference(x, weights[0], a_mode)
-            timed = [(time_config(timer, weights, x, c, a_mode, expected), c) for c in candidates(shape, m, smoke)]
+            table = gemm_config(m, shape.n, shape.k)
+            timed = [(time_config(timer, weights, x, c, a_mode, expected), c) for c in candidates(shape, m, smoke, tma)]
+            table_us = next((us for us, c in timed if c == table), None)
             timed = [t for t in timed if t[0] == t[0]]  # NaN: a variant that failed
             timed.sort(key=lambda t: t[0])
             best_us, best = timed[0]
             fused = [us for us, c in timed if c.quantize_in_gemm and c.backend == "triton"]
-            separate = [us for us, c in timed if not c.quantize_in_gemm and c.backend == "triton"]
+            separate = [us for us, c in timed if not c.quantize_in_gemm and c.backend == "triton" and not c.tma]
             cublas = [us for us, c in timed if c.backend == "cublas"]
+            with_tma = [us for us, c in timed if c.tma]
             rows.append({"shape": shape.name, "n": shape.n, "k": shape.k, "m": m, "a_mode": a_mode,
                          "best": dataclasses.asdict(best), "best_us": best_us,
                          "best_fused_us": fused[0] if fused else None, "best_separate_us": separate[0] if separate else None,
                          "cublas_us": cublas[0] if cublas else None,
+                         "tma_us": with_tma[0] if with_tma else None, "table_us": table_us,
                          "top": [{"us": us, "config": dataclasses.asdict(c)} for us, c in timed[:8]],
                          "all": [{"us": us, "config": dataclasses.asdict(c)} for us, c in timed],
                          "floor_us": floors(m, shape.k, shape.n)["floor_us"]})
@@ -253,22 +304,25 @@ def _f(x) -> float:
 
 
 def report(rows: list[dict]) -> str:
-    head = (f"{'shape':>6} {'M':>4} {'floor':>6} {'best':>7} {'fused':>7} {'separate':>8} {'cublas':>7} {'codes':>7} "
-            f"{'2 launch':>8} {'rule':>7} {'%floor':>6}  best (block_m, block_n, swap, splits, warps, stages, "
-            "quantize in gemm, backend)")
+    head = (f"{'shape':>6} {'M':>4} {'floor':>6} {'best':>7} {'fused':>7} {'separate':>8} {'cublas':>7} {'tma':>7} "
+            f"{'table':>7} {'codes':>7} {'2 launch':>8} {'rule':>7} {'%floor':>6}  best (block_m, block_n, swap, splits, "
+            "warps, stages, quantize in gemm, backend[, tma: programs per SM, warp-specialized])")
     lines = [head]
     for r in rows:
         b = r["best"]
+        tma = f", tma {b['programs_per_sm']} {b['warp_specialize']}" if b.get("tma") else ""
         lines.append(
             f"{r['shape']:>6} {r['m']:>4} {r['floor_us']:>6.2f} {r['best_us']:>7.2f} {_f(r['best_fused_us']):>7.2f} "
-            f"{_f(r['best_separate_us']):>8.2f} {_f(r.get('cublas_us')):>7.2f} {_f(r.get('codes_us')):>7.2f} "
+            f"{_f(r['best_separate_us']):>8.2f} {_f(r.get('cublas_us')):>7.2f} {_f(r.get('tma_us')):>7.2f} "
+            f"{_f(r.get('table_us')):>7.2f} {_f(r.get('codes_us')):>7.2f} "
             f"{_f(r.get('second_reduce_launch_us')):>8.2f} {_f(r.get('rule_codes_us')):>7.2f} "
             f"{100 * r['floor_us'] / r['best_us']:>5.0f}%  "
             f"({b['block_m']}, {b['block_n']}, {b['swap_ab']}, {b['splits']}, {b['num_warps']}, {b['num_stages']}, "
-            f"{b['quantize_in_gemm']}, {b['backend']})")
+            f"{b['quantize_in_gemm']}, {b['backend']}{tma})")
     lines.append("(us per call, bf16 activations in (w2: the SwiGLU input). best: the fastest choice; fused / separate: "
                  "the fastest Triton choice with the activations quantized in the GEMM / in a launch before it; cublas: "
-                 "cuBLAS's block-scaled GEMM behind the same quantize launch; codes: the best "
+                 "cuBLAS's block-scaled GEMM behind the same quantize launch; tma: the fastest TMA kernel choice (--tma); "
+                 "table: kernels/fp8_configs.py's choice (gemm_config) in the same run; codes: the best "
                  "tiles on pre-quantized codes, the GEMM alone; 2 launch: the best with split-K summed in a second "
                  "launch; rule: gemm_config's untuned rule on codes)")
     return "\n".join(lines)
@@ -306,7 +360,8 @@ def tuned_table(rows: list[dict]) -> str:
         b = r["best"]
         lines.append(f"    ({r['n']}, {r['k']}, {r['m']}): ({b['block_m']}, {b['block_n']}, {b['swap_ab']}, "
                      f"{b['splits']}, {b['num_warps']}, {b['num_stages']}, {b['reduce_in_kernel']}, "
-                     f"{b['quantize_in_gemm']}, {b['backend']!r}),  # {r['shape']}, {r['best_us']:.2f} us")
+                     f"{b['quantize_in_gemm']}, {b['backend']!r}, {b.get('tma', False)}, {b.get('programs_per_sm', 0)}, "
+                     f"{b.get('warp_specialize', False)}),  # {r['shape']}, {r['best_us']:.2f} us")
     lines.append("}")
     return "\n".join(lines)
 
@@ -330,6 +385,8 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=14, help="compile processes")
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--tma", action="store_true",
+                   help="time the TMA kernel's choices (kernels/fp8_gemm_tma.py) against the current table's")
     p.add_argument("--out", default="out/kernel_sweep")
     p.add_argument("--write-configs", metavar="PATH",
                    help="rewrite TUNED_ON and TUNED in this copy of kernels/fp8_configs.py with the sweep's "
@@ -344,8 +401,12 @@ def main(argv=None) -> int:
     if a.shapes:
         shapes = [s for s in shapes if s.name in a.shapes.split(",")]
     ms = [1, 3] if a.smoke else [int(x) for x in a.m.split(",")]
+    if a.write_configs and sorted(ms) != MS:
+        # a partial table would send the M classes left out to the untuned rule, and the
+        # batch-invariant split must be chosen over every class up to 16 at once
+        p.error(f"--write-configs needs every M class ({','.join(map(str, MS))})")
     t0 = time.perf_counter()
-    rows = sweep(Timer(device, a.replays), shapes, ms, a.smoke, a.jobs)
+    rows = sweep(Timer(device, a.replays), shapes, ms, a.smoke, a.jobs, a.tma)
     print(report(rows))
     print(f"TUNED with one K split per shape up to M = {BATCH_INVARIANT_UP_TO} (batch-invariant decode):")
     table = tuned_table(batch_invariant(rows))

@@ -39,6 +39,7 @@
 #   bash scripts/gpu_check.sh firstframes  # load c=1,16,64x3 bf16, a turn's first audio of 1 and of 2 frames, same call (~6 min)
 #   bash scripts/gpu_check.sh thirdframe  # (with its diff applied) load c=16,64x3 bf16, the prefill thread's third frame vs its second only (~7 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
+#   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests, its choices vs the current table and cuBLAS at M = 1,16,64,128 (~6 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -563,6 +564,16 @@ cutin)
     # the start of its audio cuts the codec's round in progress short) against the
     # default, bf16, same call, c=16 once and c=64 three times (~5.5 min)
     ab_loads cut 16,64,64,64 500 ${VARIANTS:-default cutin:--codec-cut-in}
+    ;;
+tma)
+    # issue 7: the TMA kernel (kernels/fp8_gemm_tma.py; built 2026-12-05 without a GPU):
+    # its compiled tests, then its choices (tiles x splits x one program per unit or
+    # persistent x warp-specialized or not) against kernels/fp8_configs.py's in the same
+    # run, and cuBLAS's block-scaled GEMM; nothing is adopted (--write-configs needs every
+    # M class) (~6 min)
+    timeout 150 python3 -m pytest -q -rfE tests/test_kernel_fp8_gemm.py -k "tma" 2>&1 | tail -8 | tee "$out/gpu_tests.log"
+    timeout 400 python3 -m latency_bench.kernel_sweep --tma --m ${TMA_M:-1,16,64,128} --out "$out/tma" 2>&1 \
+        | grep -v Warn > "$out/tma_sweep.log"; grep -v "^  (" "$out/tma_sweep.log" | tail -32
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the

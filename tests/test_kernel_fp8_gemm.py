@@ -101,6 +101,73 @@ def test_split_k_summed_by_the_last_split_equals_a_second_launch(m, n, k, splits
     assert all(int(buf.abs().sum()) == 0 for buf in _counter_buffers.values())
 
 
+TMA_CASES = [  # (M, N, K, config): the TMA kernel over edges its copies must zero-fill
+    (1, 200, 384, GemmConfig(16, 64, True, quantize_in_gemm=False, tma=True)),  # ragged N
+    (3, 136, 112, GemmConfig(16, 64, True, quantize_in_gemm=False, tma=True)),  # K < 128 (one partial group)
+    (17, 72, 304, GemmConfig(32, 32, False, splits=2, quantize_in_gemm=False, tma=True)),  # ragged M, K, split
+    (5, 200, 700 - 700 % 16, GemmConfig(16, 64, True, splits=3, quantize_in_gemm=False, tma=True,
+                                        reduce_in_kernel=False)),  # ragged last split, second reduce launch
+    (64, 130, 384, GemmConfig(64, 128, False, splits=3, quantize_in_gemm=False, tma=True, programs_per_sm=1)),
+    (130, 136, 256, GemmConfig(64, 64, False, quantize_in_gemm=False, tma=True, programs_per_sm=2,
+                               warp_specialize=True)),
+    (9, 256, 1024, GemmConfig(16, 128, True, splits=4, quantize_in_gemm=False, tma=True, programs_per_sm=1,
+                              warp_specialize=True)),
+]
+
+
+@pytest.mark.parametrize("m, n, k, config", TMA_CASES)
+def test_tma_kernel_gives_the_pointer_kernels_output(m, n, k, config):
+    """The TMA kernel (kernels/fp8_gemm_tma.py) sums the same groups in the same order as
+    the pointer kernel with the same splits: equal outputs (fp32; compiled, within the tensor
+    cores' accumulation), within the reference's tolerance, and fp8_linear takes it behind
+    its quantize launch. Persistent grids smaller than the units cover every unit once."""
+    x, w = operands(m, n, k)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    pointer = dataclasses.replace(config, tma=False, programs_per_sm=0, warp_specialize=False)
+    out = fp8_gemm(a, a_s, b, b_s, torch.float32, config=config)
+    if DEVICE == "cpu":
+        assert torch.equal(out, fp8_gemm(a, a_s, b, b_s, torch.float32, config=pointer))
+    assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, torch.float32)) < TOL[torch.float32]
+    assert rel(out, x @ w.t()) < FP8_TOL
+    assert torch.equal(fp8_linear(x.bfloat16(), b, b_s, config=config),
+                       fp8_gemm(*quantize_act(x.bfloat16()), b, b_s, config=config))
+    assert all(int(buf.abs().sum()) == 0 for buf in _counter_buffers.values())
+
+
+def test_tma_kernel_persistent_programs_cover_every_unit(monkeypatch):
+    """A persistent grid of fewer programs than (tile, split) units: each program walks its
+    units (here 3 programs for 2 x 4 x 3 units), none left out or done twice."""
+    import kernels.fp8_gemm as fg
+
+    monkeypatch.setattr(fg, "_num_sms", lambda index: 3)
+    x, w = operands(40, 256, 768)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    cfg = GemmConfig(32, 64, False, splits=3, quantize_in_gemm=False, tma=True, programs_per_sm=1)
+    out = fp8_gemm(a, a_s, b, b_s, torch.float32, config=cfg)
+    assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, torch.float32)) < TOL[torch.float32]
+
+
+def test_tma_falls_back_to_the_pointer_kernel_where_it_cannot_load():
+    """K = 100: e4m3 rows of 100 bytes are not 16-byte aligned, which TMA needs; the same
+    config then runs the pointer kernel (same result), and a TMA config that would quantize
+    in the GEMM is refused up front."""
+    from kernels.fp8_gemm_tma import tma_ready
+
+    x, w = operands(3, 136, 100)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    assert not tma_ready(a, b)
+    cfg = GemmConfig(16, 64, True, quantize_in_gemm=False, tma=True)
+    out = fp8_gemm(a, a_s, b, b_s, torch.float32, config=cfg)
+    assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, torch.float32)) < TOL[torch.float32]
+    with pytest.raises(ValueError, match="runs on codes"):
+        GemmConfig(16, 64, True, tma=True)
+    with pytest.raises(ValueError, match="options of the TMA kernel"):
+        GemmConfig(16, 64, True, programs_per_sm=1)
+
+
 def test_fp8_linear_checks_its_inputs():
     x, w = operands(4, 128, 256)
     b, b_s = quantize_weight(w)

@@ -115,3 +115,22 @@ def test_a_wrong_result_is_refused_before_timing():
     _check_result(good, expected)
     with pytest.raises(ValueError, match="wrong result"):
         _check_result(good.flip(1), expected)  # right values, wrong places: a layout bug
+
+
+def test_tma_candidates_time_the_table_beside_every_way_of_running_the_tma_kernel():
+    from kernels.fp8_gemm import gemm_config
+
+    for shape in SHAPES:
+        for m in (1, 16, 64, 128):
+            cands = candidates(shape, m, tma=True)
+            assert len(set(cands)) == len(cands)
+            assert gemm_config(m, shape.n, shape.k) in cands  # the current table: the baseline of the same run
+            tma = [c for c in cands if c.tma]
+            assert tma and all(not c.quantize_in_gemm for c in tma)
+            assert {(c.programs_per_sm, c.warp_specialize) for c in tma} == {(p, w) for p in (0, 1, 2) for w in (0, 1)}
+            assert {c.splits for c in tma} >= {1}
+            for c in tma:
+                if c.swap_ab:
+                    assert m <= 64 and c.block_m >= m
+            keys = {compile_key(shape, m, c, 1) for c in tma}
+            assert len(keys) >= 6  # persistent and warp-specialized grids compile apart
