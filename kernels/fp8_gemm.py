@@ -55,7 +55,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.fp8_configs import TUNED
-from kernels.fp8_epilogue import store_tile
+from kernels.fp8_tile import store_tile, tile_start
 from kernels.fp8_gemm_tma import launch_tma, tma_ready
 from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
                                quantize_act, quantize_act_reference, swiglu_quant, swiglu_quant_reference)
@@ -188,17 +188,9 @@ def _fp8_gemm_kernel(
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, m_ok, n_ok, as_rows, bs_rows, acc = tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M,
+                                                                   BLOCK_N, SWAP_AB)
     offs_k = tl.arange(0, 128)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    as_rows = as_ptr + offs_m * KB  # [BM] scale rows (layout checked by the launcher)
-    bs_rows = bs_ptr + (offs_n // 128) * KB  # [BN] the 128 x 128 block of each weight row
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     g0 = split * GROUPS_PER_SPLIT
     if A_MODE != 0:
         # bf16 activations are prefetched one group ahead (registers): their loads are

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_epilogue import store_tile
+from kernels.fp8_tile import store_tile, tile_start
 from kernels.pdl import pdl_wait
 
 try:  # host-side tensor descriptors (Triton >= 3.4)
@@ -91,16 +91,8 @@ def _unit(
     pid_n = unit % TILES_N
     pid_m = (unit // TILES_N) % TILES_M
     split = unit // (TILES_N * TILES_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    as_rows = as_ptr + offs_m * KB  # [BM] scale rows (layout checked by the launcher)
-    bs_rows = bs_ptr + (offs_n // 128) * KB  # [BN] the 128 x 128 block of each weight row
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    offs_m, offs_n, m_ok, n_ok, as_rows, bs_rows, acc = tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M,
+                                                                   BLOCK_N, SWAP_AB)
     g0 = split * GROUPS_PER_SPLIT
     for i in tl.range(0, GROUPS_PER_SPLIT, warp_specialize=WARP_SPECIALIZE):
         g = g0 + i

@@ -1,11 +1,32 @@
-"""The FP8 GEMM kernels' common epilogue: a finished fp32 tile to the output, or to its
-split's partial with the last split of the tile summing them (kernels/fp8_gemm.py,
-kernels/fp8_gemm_tma.py; the split modes and the counters are described there)."""
+"""What the FP8 GEMM kernels (kernels/fp8_gemm.py, kernels/fp8_gemm_tma.py) share around
+their K loops: a tile's rows, columns, scale rows and accumulator, and the epilogue that
+writes the finished fp32 tile to the output, or to its split's partial with the last
+split of the tile summing them (the split modes and the counters are described in
+fp8_gemm.py)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               SWAP_AB: tl.constexpr):
+    """The tile's rows and columns, which of them are real, each row's activation-scale
+    row and each column's weight-scale row (addressed without strides: the launcher checks
+    both layouts), and a zero accumulator ([BN, BM] when SWAP_AB, else [BM, BN])."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    as_rows = as_ptr + offs_m * KB  # [BM] scale rows
+    bs_rows = bs_ptr + (offs_n // 128) * KB  # [BN] the 128 x 128 block of each weight row
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return offs_m, offs_n, m_ok, n_ok, as_rows, bs_rows, acc
 
 
 @triton.jit
