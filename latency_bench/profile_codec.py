@@ -10,6 +10,11 @@ Two parts, for the model's codec (random weights for a preset):
   sorted by GPU time (graphs hide their kernels from the profiler).
 
     python -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64
+    python -m latency_bench.profile_codec --model s2-pro --flops   # any machine: FLOPs a frame
+
+`--flops` counts the arithmetic of a streaming-decode call per frame of audio (PyTorch's
+FLOP counter, on the CPU: the count does not depend on the device), by operation: what a
+frame costs at best, whatever the kernels.
 """
 
 from __future__ import annotations
@@ -88,6 +93,25 @@ def op_times(codec, batch: int, frames: int, steps: int = 3) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_call"])
 
 
+def flops_per_frame(codec, batch: int = 2, frames: int = 4) -> dict:
+    """FLOPs of one streaming-decode call (after a first call: the conv histories are
+    full) divided by the frames it decodes: in total and by ATen op."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dec = StreamingDecoder(codec, batch, snake_kernel=False, state_kernels=False)
+    codes = torch.randint(0, 1000, (batch, codec.num_codebooks, frames), device=dec.device)
+    slots = torch.arange(batch, device=dec.device)
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode():
+        dec.decode(slots, codes)
+        with counter:
+            dec.decode(slots, codes)
+    per = batch * frames
+    ops = {str(op).removeprefix("aten.").removesuffix(".default"): n / per
+           for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    return {"total": counter.get_total_flops() / per, "by_op": ops}
+
+
 def module_times(codec, batch: int, frames: int) -> list[dict]:
     """GPU time of every conv module in one eager streaming-decode call, slowest first."""
     dec = StreamingDecoder(codec, batch)
@@ -139,7 +163,15 @@ def main(argv=None) -> int:
     p.add_argument("--ops", type=int, default=0, help="also list the N slowest PyTorch ops of one call, by input shapes")
     p.add_argument("--modules", type=int, default=0, help="also list the N slowest conv modules of one call")
     p.add_argument("--out", default="out/profile_codec")
+    p.add_argument("--flops", action="store_true", help="only count the FLOPs a frame (CPU; no timing)")
     a = p.parse_args(argv)
+    if a.flops:
+        flops = flops_per_frame(load_bundle(a.model, "cpu").codec)
+        print(f"{a.model} codec, streaming decode: {flops['total'] / 1e9:.2f} GFLOP a frame")
+        for name, n in sorted(flops["by_op"].items(), key=lambda t: -t[1]):
+            print(f"  {n / 1e9:7.3f} GFLOP  {name}")
+        write_json(Path(a.out) / "codec_flops.json", {"model": a.model, **flops})
+        return 0
     torch.backends.cudnn.benchmark = a.cudnn_benchmark
     bundle = load_bundle(a.model, "cuda")
     batches = [int(x) for x in a.batch.split(",")]

@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from latency_bench.gate import compare
 from latency_bench.report import aggregate
@@ -161,3 +162,19 @@ def test_engine_shares_from_two_scrapes_of_metrics():
     assert level_shares({"decode_steps": 1}, {"decode_steps": 5}, 2.0) is None  # a build without the counters
     assert metrics_url("ws://127.0.0.1:8765/v1/tts/live") == "http://127.0.0.1:8765/metrics"
     assert metrics_url("wss://tts.example/v1/tts/live") == "https://tts.example/metrics"
+
+
+def test_codec_flops_a_frame_do_not_depend_on_the_call_shape():
+    """profile_codec --flops: the streaming decoder's arithmetic per frame is the same for
+    one frame a row as for four (no work redone on the conv histories), and the convs
+    carry it; counted on the CPU."""
+    from engine.codec.config import codec_preset
+    from engine.codec.model import Codec
+    from latency_bench.profile_codec import flops_per_frame
+
+    torch.manual_seed(0)
+    codec = Codec(codec_preset("tiny")).eval()
+    four, one = flops_per_frame(codec, batch=2, frames=4), flops_per_frame(codec, batch=3, frames=1)
+    assert four["total"] > 0 and abs(four["total"] - one["total"]) <= 1e-6 * four["total"]
+    assert four["by_op"]["convolution"] == max(four["by_op"].values())
+    assert abs(sum(four["by_op"].values()) - four["total"]) <= 1e-6 * four["total"]
