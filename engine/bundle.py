@@ -62,7 +62,9 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-QUANT_MODES = ("none", "fp8")
+# "fp8-swiglu-epilogue": fp8 with the MLP's SwiGLU in the gate/up GEMM's epilogue
+# (engine/quant.py FP8FeedForward; not yet measured on a GPU)
+QUANT_MODES = ("none", "fp8", "fp8-swiglu-epilogue")
 
 
 def load_bundle(
@@ -95,10 +97,11 @@ def load_bundle(
             raise CheckpointError(f"{folder}: missing codec.pth (needed to turn codes into audio)")
         codec = load_codec(folder / "codec.pth", device=device, dtype=dtype)
     _check_codec_fits(model.config, codec, spec)
-    if quant == "fp8":
+    if quant.startswith("fp8"):
         from engine.quant import quantize_model_
 
-        quantize_model_(model, kernel=torch.device(device).type == "cuda")
+        quantize_model_(model, kernel=torch.device(device).type == "cuda",
+                        swiglu_epilogue=quant == "fp8-swiglu-epilogue")
     return ModelBundle(
         name=spec,
         model=model,

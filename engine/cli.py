@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.audio import write_wav
-from engine.bundle import load_bundle
+from engine.bundle import QUANT_MODES, load_bundle
 from engine.generate import GenerateOptions, Synthesizer
 from engine.prompt import Voice
 from engine.sampling import SamplingParams
@@ -23,7 +23,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="out.wav", help="output WAV path (default: out.wav)")
     p.add_argument("--model", default="default", help="default | tiny | s1-mini | s2-pro | checkpoint folder")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
-    p.add_argument("--quant", default="none", choices=["none", "fp8"], help="weight quantization (fp8: block-scaled FP8 linears)")
+    p.add_argument("--quant", default="none", choices=QUANT_MODES,
+                   help="weight quantization (fp8: block-scaled FP8 linears; fp8-swiglu-epilogue: the MLP's SwiGLU in its "
+                        "gate/up GEMM, not yet measured on a GPU)")
     p.add_argument("--reference", action="append", default=[], help="reference audio file (repeatable)")
     p.add_argument("--reference-text", action="append", default=[], help="transcript of each --reference")
     p.add_argument("--temperature", type=float, default=0.7)

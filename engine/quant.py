@@ -78,47 +78,70 @@ class FP8Linear(nn.Module):
 
 class FP8FeedForward(nn.Module):
     """SwiGLU w2(silu(w1 x) * w3 x) with w1 and w3 stacked into one FP8 GEMM [2H, D] and the
-    SwiGLU and its quantization fused into the w2 GEMM: two launches."""
+    SwiGLU and its quantization fused into the w2 GEMM: two launches.
 
-    def __init__(self, w13: FP8Linear, w2: FP8Linear, kernel: bool = True) -> None:
+    `swiglu_epilogue` (quant mode "fp8-swiglu-epilogue"; H % 128 == 0): the gate and up
+    rows are stored interleaved per 128 (kernels/fp8_quant.py interleave_gate_up) and the
+    SwiGLU and its quantization run in the w13 GEMM's epilogue (kernels/fp8_gemm.py
+    fp8_swiglu_gemm), so w2's GEMM takes codes: no [M, 2H] intermediate in memory and no
+    quantize launch before w2. The same codes bit for bit as the unfused path with the
+    same splits; not yet measured on a GPU (kernel_bench's MLP block times both)."""
+
+    def __init__(self, w13: FP8Linear, w2: FP8Linear, kernel: bool = True, swiglu_epilogue: bool = False) -> None:
         super().__init__()
         self.hidden = w13.out_features // 2
         self.w13, self.w2 = w13, w2
         self.kernel = kernel
+        self.swiglu_epilogue = swiglu_epilogue  # w13's rows interleaved: see the class docstring
 
     @classmethod
-    def from_feed_forward(cls, ff: FeedForward, kernel: bool = True) -> "FP8FeedForward":
+    def from_feed_forward(cls, ff: FeedForward, kernel: bool = True, swiglu_epilogue: bool = False) -> "FP8FeedForward":
         # one weight [2H, D]: gate rows then up rows (a block may straddle the seam when
-        # H % 128 != 0; it is then one block of the stacked matrix, scaled as such)
+        # H % 128 != 0; it is then one block of the stacked matrix, scaled as such), or
+        # the two interleaved per 128 rows for the SwiGLU epilogue
         stacked = ff.gate_up_weight().detach()
+        swiglu_epilogue = swiglu_epilogue and (stacked.shape[0] // 2) % 128 == 0
+        if swiglu_epilogue:
+            from kernels.fp8_quant import interleave_gate_up
+
+            stacked = interleave_gate_up(stacked)
         w13 = FP8Linear(*_quantize_weight(stacked), kernel=kernel)
-        return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel)
+        return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel, swiglu_epilogue)
 
     def forward(self, x: Tensor, kernel: bool = False) -> Tensor:
         """`kernel` is FeedForward's switch for its bf16 SwiGLU kernel (the decode step's
-        kernel path passes it); here the activation is always fused into w2's GEMM."""
-        linear = _linear(self.kernel)
+        kernel path passes it); here the activation is always fused into a GEMM."""
         x2 = x.reshape(-1, x.shape[-1])  # [M, D]
-        gu = linear(x2, self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]: gate | up
-        y = linear(gu, self.w2.weight_q, self.w2.weight_scale, x.dtype, swiglu=True)
+        if self.swiglu_epilogue:
+            from kernels import fp8_gemm as g
+
+            swiglu = g.fp8_swiglu_gemm if self.kernel else g.fp8_swiglu_gemm_reference
+            gemm = g.fp8_gemm if self.kernel else g.fp8_gemm_reference
+            codes, scales = swiglu(x2, self.w13.weight_q, self.w13.weight_scale)
+            y = gemm(codes, scales, self.w2.weight_q, self.w2.weight_scale, x.dtype)
+        else:
+            linear = _linear(self.kernel)
+            gu = linear(x2, self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]: gate | up
+            y = linear(gu, self.w2.weight_q, self.w2.weight_scale, x.dtype, swiglu=True)
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def _quantize_block_(block: TransformerBlock, kernel: bool) -> None:
+def _quantize_block_(block: TransformerBlock, kernel: bool, swiglu_epilogue: bool) -> None:
     attn: Attention = block.attention
     attn.wqkv = FP8Linear.from_linear(attn.wqkv, kernel)
     attn.wo = FP8Linear.from_linear(attn.wo, kernel)
-    block.feed_forward = FP8FeedForward.from_feed_forward(block.feed_forward, kernel)
+    block.feed_forward = FP8FeedForward.from_feed_forward(block.feed_forward, kernel, swiglu_epilogue)
 
 
 @torch.no_grad()
-def quantize_model_(model: nn.Module, kernel: bool = True) -> nn.Module:
+def quantize_model_(model: nn.Module, kernel: bool = True, swiglu_epilogue: bool = False) -> nn.Module:
     """Swap every linear layer of the slow (`model.layers`) and fast (`model.fast_layers`)
     transformer blocks for FP8 ones, in place; frees the bf16 weights as it goes (peak
-    extra memory: one weight in fp32). Idempotent. Returns the model."""
+    extra memory: one weight in fp32). `swiglu_epilogue`: FP8FeedForward's option. Idempotent.
+    Returns the model."""
     for block in [*model.layers, *model.fast_layers]:
         if not isinstance(block.feed_forward, FP8FeedForward):
-            _quantize_block_(block, kernel)
+            _quantize_block_(block, kernel, swiglu_epilogue)
     return model
 
 

@@ -57,8 +57,9 @@ from torch import Tensor
 from kernels.fp8_configs import TUNED
 from kernels.fp8_tile import store_tile, tile_start
 from kernels.fp8_gemm_tma import launch_tma, tma_ready
-from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
-                               quantize_act, quantize_act_reference, swiglu_quant, swiglu_quant_reference)
+from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _swiglu_quantize, _to_e4m3, deinterleave_gate_up,
+                               dequantize_act, dequantize_weight, quantize_act, quantize_act_reference, round_code,
+                               swiglu_quant, swiglu_quant_reference)
 from kernels.pdl import launch_args, pdl_wait
 
 # Streaming multiprocessors when no CUDA device is visible (the interpreter): an H200's.
@@ -162,6 +163,13 @@ def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
             splits = max(1, min(cfg.splits, round(PROGRAMS_PER_SM * sms / tiles)))
             cfg = replace(cfg, splits=_whole_splits(triton.cdiv(k, GROUP), splits))
         return cfg
+    return _rule_config(m, n, k, sms)
+
+
+def _rule_config(m: int, n: int, k: int, sms: int) -> GemmConfig:
+    """gemm_config's untuned rule: tiles from the MMA shapes, K split until the tiles
+    fill the GPU about twice."""
+    mc = m_class(m)
     if mc <= 64:
         block_m, block_n, swap = max(16, mc), 64, True
     else:
@@ -182,7 +190,7 @@ def _fp8_gemm_kernel(
     stride_am, stride_bn, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
     A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr, SPLITS: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, so_ptr=None, SWIGLU_OUT: tl.constexpr = False, ROUND: tl.constexpr = 0,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     pid_n = tl.program_id(0)
@@ -254,7 +262,7 @@ def _fp8_gemm_kernel(
             b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=b_mask, other=0.0)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])  # [BM, BN]
     store_tile(acc, offs_m, offs_n, m_ok, n_ok, pid_m * tl.num_programs(0) + pid_n, split, M, N, c_ptr, p_ptr,
-               cnt_ptr, stride_cm, SWAP_AB, SPLIT_MODE, SPLITS)
+               cnt_ptr, stride_cm, SWAP_AB, SPLIT_MODE, SPLITS, pid_n, so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND)
 
 
 @triton.jit
@@ -266,6 +274,27 @@ def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.c
     for s in tl.static_range(SPLITS):  # unrolled (all loads in flight); fixed order: the same sum on every run
         acc += tl.load(p_ptr + s * numel + offs, mask=ok, other=0.0)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _splitk_reduce_swiglu_kernel(p_ptr, q_ptr, s_ptr, N, SPLITS: tl.constexpr, ROUND: tl.constexpr,
+                                 SOFT_ROUND: tl.constexpr, PDL: tl.constexpr = False):
+    """The second launch of a split SwiGLU-out GEMM (fp8_swiglu_gemm): program (m, j) sums
+    row m's partials of the interleaved columns 256 j .. 256 j + 255 (gate, then up, of
+    channels 128 j ..) in split order and writes their SwiGLU's codes and scale."""
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
+    m = tl.program_id(0)
+    j = tl.program_id(1)
+    cols = j * 256 + tl.arange(0, 128)[None, :]  # [1, 128]
+    gate = tl.zeros([1, 128], dtype=tl.float32)
+    up = tl.zeros([1, 128], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):  # the same order as the in-launch sum
+        row = p_ptr + (s * tl.num_programs(0) + m) * N
+        gate += tl.load(row + cols)
+        up += tl.load(row + cols + 128)
+    q, scale = _swiglu_quantize(gate, up, ROUND, SOFT_ROUND, 1)
+    tl.store(q_ptr + m * (N // 2) + j * 128 + tl.arange(0, 128)[None, :], q)
+    tl.store(s_ptr + m * (N // 256) + j + tl.arange(0, 1), scale)
 
 
 # --- split counters ----------------------------------------------------------------------
@@ -376,14 +405,56 @@ def fp8_linear(
     return _launch(x, None, b, b_scale, out_dtype, config, A_SWIGLU if swiglu else A_BF16, k)
 
 
+def swiglu_gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
+    """fp8_swiglu_gemm's launch: the table's (or the rule's) choice for the stacked shape
+    with 256-row weight tiles (one 128-channel group's gate and up rows); where the table
+    takes cuBLAS, the rule's tiles (not measured yet: kernel_bench's MLP block times it)."""
+    cfg = gemm_config(m, n, k, sms)
+    if cfg.backend != "triton":
+        cfg = _rule_config(m, n, k, sms)
+    return replace(cfg, block_n=2 * GROUP)
+
+
+def fp8_swiglu_gemm(x: Tensor, b: Tensor, b_scale: Tensor, config: GemmConfig | None = None) -> tuple[Tensor, Tensor]:
+    """The MLP's gate/up GEMM with its SwiGLU and that product's quantization in the
+    epilogue: x [M, K] bf16/fp16/fp32, b [2H, K] e4m3 in interleave_gate_up's row order
+    with its block scales -> (codes [M, H] e4m3, scales [M, H / 128]), bit for bit what
+    swiglu_quant gives on the gate and up halves of fp8_linear(x, b) in x's dtype (the
+    same sums, rounded to x's dtype first), ready for the down projection's fp8_gemm. No
+    [M, 2H] intermediate goes through memory and no SwiGLU launch runs. The split-K sum is
+    in the same launch (the last split of a tile), or a second launch that also applies the
+    SwiGLU when no counters are at hand."""
+    _check_operand("x", x, ACT_DTYPES)
+    m, k = x.shape
+    n = b.shape[0]
+    if n % (2 * GROUP):
+        raise ValueError(f"b must have 2H rows with H % {GROUP} == 0 (interleave_gate_up), got {n}")
+    _check_common(x, b, b_scale, k, x.dtype)
+    cfg = config or swiglu_gemm_config(m, n, k, _num_sms(x.device.index if x.is_cuda else None))
+    if cfg.block_n != 2 * GROUP or cfg.backend != "triton":
+        raise ValueError(f"the SwiGLU epilogue needs the Triton kernel with 256-row weight tiles, got {cfg}")
+    rnd = round_code(x.dtype)
+    if cfg.tma or not cfg.quantize_in_gemm:
+        return _launch(*quantize_act(x), b, b_scale, x.dtype, cfg, A_CODES, k, swiglu_round=rnd)
+    return _launch(x, None, b, b_scale, x.dtype, cfg, A_BF16, k, swiglu_round=rnd)
+
+
 def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
-            cfg: GemmConfig, a_mode: int = A_CODES, k: int | None = None) -> Tensor:
-    """Unchecked Triton launch (tests call it to show what a wrong layout would do)."""
+            cfg: GemmConfig, a_mode: int = A_CODES, k: int | None = None, swiglu_round: int | None = None):
+    """Unchecked Triton launch (tests call it to show what a wrong layout would do). With
+    `swiglu_round` (fp8_swiglu_gemm) the output is (codes [M, N / 2], scales [M, N / 256])
+    of the SwiGLU of b's interleaved gate/up rows, else out [M, N] in out_dtype."""
     m, n = a.shape[0], b.shape[0]
     k = a.shape[1] if k is None else k
-    out = torch.empty(m, n, device=a.device, dtype=out_dtype)
+    swiglu_out = swiglu_round is not None
+    if swiglu_out:
+        out = torch.empty(m, n // 2, device=a.device, dtype=FP8)
+        out_scales = torch.empty(m, n // (2 * GROUP), device=a.device, dtype=torch.float32)
+    else:
+        out, out_scales = torch.empty(m, n, device=a.device, dtype=out_dtype), None
+    result = (out, out_scales) if swiglu_out else out
     if m == 0 or n == 0:
-        return out
+        return result
     groups = triton.cdiv(k, GROUP)
     per_split = triton.cdiv(groups, cfg.splits)
     splits = triton.cdiv(groups, per_split)
@@ -396,9 +467,10 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
         if cfg.reduce_in_kernel and grid[0] * grid[1] <= COUNTER_SLOTS:
             counters = _counters(a.device)
         split_mode = SPLIT_SEPARATE_REDUCE if counters is None else SPLIT_LAST_REDUCES
+    epilogue = dict(so_ptr=out_scales, SWIGLU_OUT=swiglu_out, ROUND=swiglu_round or 0) if swiglu_out else {}
     if cfg.tma and a_mode == A_CODES and tma_ready(a, b):
         launch_tma(a, a_scale, b, b_scale, out, partials, counters, k, per_split, splits, split_mode, cfg,
-                   _num_sms(a.device.index if a.is_cuda else None), launch_args())
+                   _num_sms(a.device.index if a.is_cuda else None), {**launch_args(), **epilogue})
     else:
         _fp8_gemm_kernel[grid](
             a, a if a_scale is None else a_scale, b, b_scale, out, partials, partials if counters is None else counters,
@@ -408,13 +480,18 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
             EVEN_K=k % GROUP == 0 and groups % per_split == 0,
             A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=_interpreting(),
             SPLITS=splits if split_mode == SPLIT_LAST_REDUCES else 1,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(), **epilogue,
         )
-    if split_mode == SPLIT_SEPARATE_REDUCE:
+    if split_mode == SPLIT_SEPARATE_REDUCE and swiglu_out:
+        _splitk_reduce_swiglu_kernel[(m, n // (2 * GROUP))](
+            partials, out, out_scales, n, SPLITS=splits, ROUND=swiglu_round, SOFT_ROUND=_interpreting(),
+            **launch_args(),
+        )
+    elif split_mode == SPLIT_SEPARATE_REDUCE:
         _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK, **launch_args(),
         )
-    return out
+    return result
 
 
 def cublas_supported(n: int, k: int, out_dtype: torch.dtype) -> bool:
@@ -450,6 +527,11 @@ def fp8_gemm_reference(
 ) -> Tensor:
     """Dequantize both operands, fp32 matmul, cast."""
     return (dequantize_act(a, a_scale) @ dequantize_weight(b, b_scale).t()).to(out_dtype)
+
+
+def fp8_swiglu_gemm_reference(x: Tensor, b: Tensor, b_scale: Tensor) -> tuple[Tensor, Tensor]:
+    gate, up = deinterleave_gate_up(fp8_linear_reference(x, b, b_scale))
+    return swiglu_quant_reference(gate, up)
 
 
 def fp8_linear_reference(x: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype | None = None,

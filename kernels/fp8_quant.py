@@ -103,6 +103,32 @@ def _quantize_groups(x, q_row, s_row, stride_sg, offs_g, offs_k, k_ok, NUM_GROUP
     tl.store(s_row + offs_g * stride_sg, scale, mask=offs_g < NUM_GROUPS)
 
 
+@triton.jit
+def _swiglu_quantize(gate, up, ROUND: tl.constexpr, SOFT_ROUND: tl.constexpr, AXIS: tl.constexpr):
+    """gate, up: fp32 tiles of one 128-channel group (the channels along AXIS) -> codes of
+    silu(gate) * up and the group's scale per row (reduced over AXIS). ROUND 1 / 2 first
+    rounds gate and up to bf16 / fp16, as a GEMM writing them in that dtype would, so the
+    codes are bit for bit swiglu_quant's of that GEMM output (0: no rounding)."""
+    if ROUND == 1:
+        gate = gate.to(tl.bfloat16).to(tl.float32)
+        up = up.to(tl.bfloat16).to(tl.float32)
+    elif ROUND == 2:
+        gate = gate.to(tl.float16).to(tl.float32)
+        up = up.to(tl.float16).to(tl.float32)
+    h = gate * tl.sigmoid(gate) * up  # as _swiglu_quant_kernel computes it
+    scale, inv = _pow2_scale(tl.max(tl.abs(h), axis=AXIS))
+    if AXIS == 0:
+        q = _to_e4m3(h * inv[None, :], SOFT_ROUND)
+    else:
+        q = _to_e4m3(h * inv[:, None], SOFT_ROUND)
+    return q, scale
+
+
+def round_code(dtype: torch.dtype) -> int:
+    """_swiglu_quantize's ROUND for a GEMM output dtype."""
+    return {torch.bfloat16: 1, torch.float16: 2, torch.float32: 0}[dtype]
+
+
 # --- activations -----------------------------------------------------------------------
 
 @triton.jit
@@ -190,6 +216,27 @@ def swiglu_quant(gate: Tensor, up: Tensor, m_major_scales: bool = False) -> tupl
             GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(), **launch_args(),
         )
     return q, s
+
+
+# --- the gate/up rows interleaved per 128 (the w13 GEMM with the SwiGLU in its epilogue) ---
+
+def interleave_gate_up(w13: Tensor) -> Tensor:
+    """[2H, ...] rows gate 0..H-1 then up 0..H-1 -> rows in 128-row blocks alternating
+    gate and up of the same channels (gate 0:128, up 0:128, gate 128:256, ...), so a
+    256-row tile of the GEMM holds both halves of one 128-channel group (kernels/fp8_gemm.py
+    fp8_swiglu_gemm). H must be a multiple of 128."""
+    h = w13.shape[0] // 2
+    if w13.shape[0] % 2 or h % GROUP:
+        raise ValueError(f"interleaving needs [2H, ...] rows with H % {GROUP} == 0, got {w13.shape[0]} rows")
+    rest = w13.shape[1:]
+    return w13.view(2, h // GROUP, GROUP, *rest).transpose(0, 1).reshape(2 * h, *rest)
+
+
+def deinterleave_gate_up(gu: Tensor) -> tuple[Tensor, Tensor]:
+    """[M, 2H] columns in interleave_gate_up's order -> (gate [M, H], up [M, H]) copies."""
+    m, width = gu.shape
+    blocks = gu.reshape(m, width // (2 * GROUP), 2, GROUP)
+    return blocks[:, :, 0].reshape(m, -1), blocks[:, :, 1].reshape(m, -1)
 
 
 # --- references (plain PyTorch, the same functions) ------------------------------------

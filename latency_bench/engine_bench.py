@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bundle import load_bundle
+from engine.bundle import QUANT_MODES, load_bundle
 from engine.kv_cache import KV_QUANTS
 from engine import runner as runner_module
 from engine.runner import Runner
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-lengths", default="100,300,1000")
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--no-graphs", action="store_true", help="eager only (CUDA)")
-    p.add_argument("--quant", default="none", choices=["none", "fp8"])
+    p.add_argument("--quant", default="none", choices=QUANT_MODES)
     p.add_argument("--kv-quant", default="none", help="KV cache layouts, comma-separated: none, fp8")
     p.add_argument("--step-kernels-baseline", action="store_true",
                    help="also run CUDA graphs with the blocks' small ops in PyTorch (mode graphs_torch_ops): "

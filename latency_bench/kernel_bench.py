@@ -58,7 +58,7 @@ SHAPES = [
 SMOKE_SHAPES = [Shape("wqkv", 256, 384), Shape("w2", 300, 200)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 MLP = (2560, 9728)  # Qwen3-4B / S2-Pro: dim, hidden
-SMOKE_MLP = (256, 300)
+SMOKE_MLP = (256, 384)  # hidden a multiple of 128: the SwiGLU-epilogue MLP runs too
 
 
 def floors(m: int, k: int, n: int) -> dict:
@@ -174,12 +174,14 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
 
     dev, (d, h) = timer.device, dims
     copies = copies_for(3 * d * h, smoke)
-    bf16, fp8, scaled = [], [], []
+    bf16, fp8, fused, scaled = [], [], [], []
     for _ in range(copies):
         with torch.device(dev):
             ff = FeedForward(d, h).to(torch.bfloat16)
         bf16.append(ff)
         fp8.append(FP8FeedForward.from_feed_forward(ff))
+        # the SwiGLU in the gate/up GEMM's epilogue (quant "fp8-swiglu-epilogue"): two launches
+        fused.append(FP8FeedForward.from_feed_forward(ff, swiglu_epilogue=True))
         w13 = torch.cat([ff.w1.weight, ff.w3.weight]).to(torch.float8_e4m3fn)
         scaled.append((w13, ff.w2.weight.to(torch.float8_e4m3fn)))
     x = torch.randn(m, d, device=dev).bfloat16()
@@ -194,6 +196,7 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
     with torch.inference_mode():
         t = {
             "fp8": timer.us_per_call([lambda f=f: f(x) for f in fp8]),
+            "fp8_swiglu_epilogue": timer.us_per_call([lambda f=f: f(x) for f in fused]),
             "scaled_mm": timer.us_per_call([lambda w=w: cublas_fp8(*w) for w in scaled]),
             "bf16": timer.us_per_call([lambda f=f: f(x) for f in bf16]),
         }
@@ -203,6 +206,7 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
             # as the engine's single-stream graph launches it (engine/runner.py PDL_BATCHES)
             with pdl.launching(True):
                 t["fp8_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fp8])
+                t["fp8_swiglu_epilogue_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fused])
     fl = floors(m, d, 2 * h)
     fl2 = floors(m, h, d)
     floor_us = fl["floor_us"] + fl2["floor_us"]
@@ -292,8 +296,10 @@ def main(argv=None) -> int:
         mlp = results["mlp"] = bench_mlp(timer, SMOKE_MLP if a.smoke else MLP, 1, a.smoke)
         t = mlp["us"]
         with_pdl = f", with PDL {t['fp8_pdl']:.1f} us" if "fp8_pdl" in t else ""
+        fused_pdl = f", with PDL {t['fp8_swiglu_epilogue_pdl']:.1f} us" if "fp8_swiglu_epilogue_pdl" in t else ""
         print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: fp8 {t['fp8']:.1f} us{with_pdl} (target <= 26, "
-              f"floor {mlp['floor_us']:.1f}), cuBLAS FP8 {t['scaled_mm']:.1f} us, bf16 {t['bf16']:.1f} us")
+              f"floor {mlp['floor_us']:.1f}); SwiGLU in the gate/up GEMM {t['fp8_swiglu_epilogue']:.1f} us{fused_pdl}; "
+              f"cuBLAS FP8 {t['scaled_mm']:.1f} us, bf16 {t['bf16']:.1f} us")
     write_json(out / "kernel_bench.json", results)
     print(f"wrote {out / 'kernel_bench.json'}")
     return 0

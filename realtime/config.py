@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.bundle import QUANT_MODES
 from engine.codec_worker import CHUNK_CHOICES, CHUNKS
 from engine.engine import CODEC_KERNELS, EngineConfig
 from engine.kv_cache import KV_QUANTS
@@ -45,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--model", default="default", help="default | tiny | s1-mini | s2-pro | checkpoint folder")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: cuda if present)")
-    p.add_argument("--quant", default="none", choices=["none", "fp8"], help="weight quantization of the transformers")
+    p.add_argument("--quant", default="none", choices=QUANT_MODES,
+                   help="weight quantization of the transformers (fp8-swiglu-epilogue: fp8 with the MLP's SwiGLU in "
+                        "its gate/up GEMM, not yet measured on a GPU)")
     p.add_argument("--kv-quant", default="none", choices=KV_QUANTS,
                    help="KV cache storage (fp8: e4m3 with a scale per position and head, half the memory)")
     p.add_argument("--max-running", type=int, default=8, help="streams holding a KV slot at once")

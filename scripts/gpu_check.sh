@@ -40,6 +40,7 @@
 #   bash scripts/gpu_check.sh thirdframe  # (with its diff applied) load c=16,64x3 bf16, the prefill thread's third frame vs its second only (~7 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests, its choices vs the current table and cuBLAS at M = 1,16,64,128 (~6 min)
+#   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -574,6 +575,21 @@ tma)
     timeout 150 python3 -m pytest -q -rfE tests/test_kernel_fp8_gemm.py -k "tma" 2>&1 | tail -8 | tee "$out/gpu_tests.log"
     timeout 400 python3 -m latency_bench.kernel_sweep --tma --m ${TMA_M:-1,16,64,128} --out "$out/tma" 2>&1 \
         | grep -v Warn > "$out/tma_sweep.log"; grep -v "^  (" "$out/tma_sweep.log" | tail -32
+    ;;
+swiglu)
+    # issue 7's MLP block (M = 1, target <= 26 us): the SwiGLU and its quantization in the
+    # gate/up GEMM's epilogue (quant "fp8-swiglu-epilogue", engine/quant.py; built
+    # 2026-12-05 without a GPU) against the unfused FP8 MLP: the compiled FP8 tests, the
+    # kernel table with both MLP blocks, the engine step in both layouts, same call (~6 min)
+    timeout 200 python3 -m pytest -q -rfE tests/test_kernel_fp8_gemm.py tests/test_quant.py 2>&1 | tail -6 \
+        | tee "$out/gpu_tests.log"
+    timeout 100 python3 -m latency_bench.kernel_bench --m 1,16,64 --replays 10 --out "$out/kernel" 2>&1 \
+        | grep -v Warn | tail -22 | tee "$out/kernel.log"
+    for q in fp8 fp8-swiglu-epilogue; do
+        timeout 75 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,64 --quant $q \
+            --skip-eager --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
+            | grep -v Warn | grep "^ *[0-9]\|step\|graphs" | tail -5 | sed "s/^/$q: /"
+    done
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the

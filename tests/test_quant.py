@@ -57,6 +57,24 @@ def test_fp8_feed_forward_matches_swiglu():
     assert rel(fp8(x), y) < MLP_TOL  # the kernel's silu may also differ from PyTorch's by an ulp
 
 
+def test_fp8_feed_forward_with_the_swiglu_in_the_gate_up_gemm_matches_the_unfused_one():
+    """quant "fp8-swiglu-epilogue": w1/w3 rows interleaved per 128 and the SwiGLU in the gate/up
+    GEMM's epilogue give the unfused MLP's output (the same codes into w2, up to the sums'
+    order where the two launches split K alike; kernels' test: bit for bit), through the
+    kernels and through the references; a hidden size that is no multiple of 128 keeps the
+    unfused layout."""
+    ff = FeedForward(256, 384).to(DEVICE)
+    x = torch.randn(2, 3, 256, device=DEVICE)
+    plain = FP8FeedForward.from_feed_forward(ff)
+    fused = FP8FeedForward.from_feed_forward(ff, swiglu_epilogue=True)
+    assert fused.swiglu_epilogue and not plain.swiglu_epilogue
+    y = fused(x)
+    assert y.shape == x.shape and rel(y, plain(x)) < MLP_TOL and rel(y, ff(x)) < 0.08
+    fused.kernel = plain.kernel = False
+    assert rel(fused(x), plain(x)) < 1e-5 and rel(fused(x), y) < MLP_TOL
+    assert not FP8FeedForward.from_feed_forward(FeedForward(200, 300).to(DEVICE), swiglu_epilogue=True).swiglu_epilogue
+
+
 def test_quantize_model_swaps_the_transformer_linears_only(tiny):
     model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
     for block in [*model.layers, *model.fast_layers]:
@@ -179,21 +197,25 @@ def test_fp8_layers_capture_in_a_cuda_graph():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_fp8_bundle_speaks_through_the_cli(tmp_path):
-    """--quant fp8 loads, quantizes every transformer linear and synthesizes a WAV."""
+@pytest.mark.parametrize("model, quant", [("tiny", "fp8"), ("default", "fp8-swiglu-epilogue")])
+def test_fp8_bundle_speaks_through_the_cli(tmp_path, model, quant):
+    """--quant fp8 (and the SwiGLU-epilogue variant, on the default voice whose hidden sizes
+    are multiples of 128) loads, quantizes every transformer linear and synthesizes a WAV."""
     import subprocess
     import sys
 
     out = tmp_path / "fp8.wav"
     result = subprocess.run(
-        [sys.executable, "-m", "engine", "--text", "Hello.", "--out", str(out), "--model", "tiny",
-         "--device", "cpu", "--quant", "fp8", "--max-frames", "6"],
+        [sys.executable, "-m", "engine", "--text", "Hello.", "--out", str(out), "--model", model,
+         "--device", "cpu", "--quant", quant, "--max-frames", "6"],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert out.stat().st_size > 44  # header + samples
-    bundle = load_bundle("tiny", "cpu", quant="fp8")
+    bundle = load_bundle(model, "cpu", quant=quant)
     assert is_quantized(bundle.model)
+    mlps = [b.feed_forward for b in [*bundle.model.layers, *bundle.model.fast_layers]]
+    assert all(f.swiglu_epilogue == (quant == "fp8-swiglu-epilogue") for f in mlps)
     with pytest.raises(ValueError, match="unknown quantization"):
         load_bundle("tiny", "cpu", quant="int4")
 
