@@ -464,7 +464,12 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
         split_mode, partials = SPLIT_NONE, out
     else:
         partials = torch.empty(splits, m, n, device=a.device, dtype=torch.float32)
-        if cfg.reduce_in_kernel and grid[0] * grid[1] <= COUNTER_SLOTS:
+        # a persistent TMA grid sums its splits in a second launch: with the in-launch sum
+        # (a counter and a branch after each unit) Triton did not pipeline the persistent
+        # unit loop (compiled for sm90 on the CPU, triton 3.9: one stage of shared memory
+        # against three; kernels/FP8_NOTES.md)
+        persistent = cfg.tma and cfg.programs_per_sm > 0
+        if cfg.reduce_in_kernel and not persistent and grid[0] * grid[1] <= COUNTER_SLOTS:
             counters = _counters(a.device)
         split_mode = SPLIT_SEPARATE_REDUCE if counters is None else SPLIT_LAST_REDUCES
     epilogue = dict(so_ptr=out_scales, SWIGLU_OUT=swiglu_out, ROUND=swiglu_round or 0) if swiglu_out else {}

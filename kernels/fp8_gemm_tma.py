@@ -99,8 +99,9 @@ def _unit(
     offs_m, offs_n, m_ok, n_ok, as_rows, bs_rows, acc = tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M,
                                                                    BLOCK_N, SWAP_AB)
     g0 = split * GROUPS_PER_SPLIT
-    for i in tl.range(0, GROUPS_PER_SPLIT, warp_specialize=WARP_SPECIALIZE):
-        g = g0 + i
+    # the group itself is the induction variable: Hopper's warp specialization (triton 3.9,
+    # compiled for sm90 on the CPU) crashed on a `g0 + i` that both partitions use
+    for g in tl.range(g0, g0 + GROUPS_PER_SPLIT, warp_specialize=WARP_SPECIALIZE):
         # a split's last groups may lie past K (splits x groups per split >= KB): the TMA
         # loads give zeros there and the masked scales zero, so they add nothing
         sa = tl.load(as_rows + g, mask=m_ok & ((offs_m * 0 + g) < KB), other=0.0)

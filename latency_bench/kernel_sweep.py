@@ -62,9 +62,13 @@ def split_choices(k: int) -> list[int]:
 
 # The TMA kernel's candidates (`--tma`, kernels/fp8_gemm_tma.py): fewer tiles, each with
 # every way of running the grid (one program per unit, or persistent with 1 or 2 programs
-# per SM) and its K loop warp-specialized or not.
+# per SM), and the plain tiles also warp-specialized. Compiled for sm90 on the CPU
+# (`python -m kernels.sm90`, triton 3.9), Hopper's warp specialization partitions the
+# loop only at 4 warps (Triton adds the producer warps; at 8 nothing happens) and fails
+# on the swapped tiles (128 weight rows on the MMA's side), so only plain tiles take it.
 TMA_SWAP_TILES = [(64, 4, 4), (128, 8, 3), (128, 8, 4)]
 TMA_PLAIN_TILES = [(64, 64, 4, 4), (64, 128, 8, 4), (128, 128, 8, 3)]
+TMA_WS_WARPS = 4
 TMA_PROGRAMS_PER_SM = [0, 1, 2]
 SMS = 132  # an H200's
 
@@ -93,9 +97,9 @@ def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
     for bm, bn, swap, warps, stages in tiles:
         for s in tma_splits(shape, m, cdiv(shape.n, bn) * cdiv(m, bm))[: 2 if smoke else None]:
             for pps in TMA_PROGRAMS_PER_SM[: 2 if smoke else None]:
-                for ws in (False, True):
-                    out.append(GemmConfig(bm, bn, swap, s, warps, stages, quantize_in_gemm=False, tma=True,
-                                          programs_per_sm=pps, warp_specialize=ws))
+                for ws in (False,) if swap else (False, True):
+                    out.append(GemmConfig(bm, bn, swap, s, TMA_WS_WARPS if ws else warps, stages,
+                                          quantize_in_gemm=False, tma=True, programs_per_sm=pps, warp_specialize=ws))
     if cublas_supported(shape.n, shape.k, torch.bfloat16):
         out.append(GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas"))
     return list(dict.fromkeys(out))

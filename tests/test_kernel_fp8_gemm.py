@@ -149,6 +149,26 @@ def test_tma_kernel_persistent_programs_cover_every_unit(monkeypatch):
     assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, torch.float32)) < TOL[torch.float32]
 
 
+def test_persistent_tma_grids_sum_their_splits_in_a_second_launch(monkeypatch):
+    """A persistent TMA config never takes the in-launch split sum (its counter epilogue
+    keeps Triton from pipelining the persistent loop): no counters are asked for, and the
+    output is the in-launch sum's of the same splits on the one-program-per-unit grid."""
+    import kernels.fp8_gemm as fg
+
+    x, w = operands(9, 256, 1024)
+    a, a_s = quantize_act(x)
+    b, b_s = quantize_weight(w)
+    cfg = GemmConfig(16, 128, True, splits=4, quantize_in_gemm=False, tma=True)
+    one_launch = fp8_gemm(a, a_s, b, b_s, torch.float32, config=cfg)
+
+    def no_counters(device):
+        raise AssertionError("a persistent grid asked for split counters")
+
+    monkeypatch.setattr(fg, "_counters", no_counters)
+    persistent = fp8_gemm(a, a_s, b, b_s, torch.float32, config=dataclasses.replace(cfg, programs_per_sm=1))
+    assert torch.equal(persistent, one_launch)
+
+
 def test_tma_falls_back_to_the_pointer_kernel_where_it_cannot_load():
     """K = 100: e4m3 rows of 100 bytes are not 16-byte aligned, which TMA needs; the same
     config then runs the pointer kernel (same result), and a TMA config that would quantize

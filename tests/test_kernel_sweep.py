@@ -127,13 +127,16 @@ def test_tma_candidates_time_the_table_beside_every_way_of_running_the_tma_kerne
             assert gemm_config(m, shape.n, shape.k) in cands  # the current table: the baseline of the same run
             tma = [c for c in cands if c.tma]
             assert tma and all(not c.quantize_in_gemm for c in tma)
-            assert {(c.programs_per_sm, c.warp_specialize) for c in tma} == {(p, w) for p in (0, 1, 2) for w in (0, 1)}
+            # warp-specialized: plain tiles at 4 warps only (what Hopper's partitioning takes)
+            assert all(not c.swap_ab and c.num_warps == 4 for c in tma if c.warp_specialize)
+            both = (0, 1) if m >= 32 else (0,)
+            assert {(c.programs_per_sm, c.warp_specialize) for c in tma} == {(p, w) for p in (0, 1, 2) for w in both}
             assert {c.splits for c in tma} >= {1}
             for c in tma:
                 if c.swap_ab:
                     assert m <= 64 and c.block_m >= m
             keys = {compile_key(shape, m, c, 1) for c in tma}
-            assert len(keys) >= 6  # persistent and warp-specialized grids compile apart
+            assert len(keys) >= 4  # persistent (and warp-specialized) grids compile apart
 
 
 def test_kernel_bench_smoke_times_both_mlp_layouts(tmp_path):
