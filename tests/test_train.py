@@ -1115,3 +1115,42 @@ def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor(capsys):
     assert capsys.readouterr().err == ""
     spent.warn_if_spent()
     assert capsys.readouterr().err == f"warning: {spent.spent()}\n"
+
+
+def test_step_plans_count_the_schedule_in_steps():
+    """--total-steps: the schedule's progress is (step - first) / steps; a resumed call
+    continues a saved plan from its first step, another length starts a new plan."""
+    from engine.train.schedule import Clock, lr_at, plan_steps
+
+    assert plan_steps({}, None, 10) is None  # minutes, as before
+    assert plan_steps({}, 100, 10) == (10, 100)
+    assert plan_steps({"plan_steps": [10, 100]}, None, 60) == (10, 100)
+    assert plan_steps({"plan_steps": [10, 100]}, 100, 60) == (10, 100)
+    assert plan_steps({"plan_steps": [10, 100]}, 50, 60) == (60, 50)
+    with pytest.raises(ValueError, match="0 steps"):
+        plan_steps({}, 0, 0)
+    clock = Clock(total_minutes=1e6, steps=(10, 100))  # by minutes the cosine would not move
+    assert [clock.progress_at(s) for s in (10, 60, 110)] == [0.0, 0.5, 1.0]
+    assert lr_at(110, clock.progress_at(110), 1.0, 5, 0.1) == pytest.approx(0.1)
+    assert clock.state()["plan_steps"] == [10, 100] and Clock(1.0).state()["plan_steps"] is None
+    assert clock.spent(109) is None and "planned steps" in clock.spent(110)
+
+
+def test_a_step_plan_sets_the_lm_trainers_lr_and_a_resumed_call_continues_it(tmp_path: Path):
+    from engine.train.lm_train import LMTrainConfig, train
+    from engine.train.schedule import lr_at
+
+    data = fake_codes(24, seed=1)
+    data.splits = ["test" if i % 6 == 5 else "train" for i in range(24)]
+    np.savez(tmp_path / "codes.npz", codes=data.codes, offsets=data.offsets, ids=data.ids, speakers=data.speakers,
+             texts=data.texts, splits=data.splits)
+    cfg = LMTrainConfig(batch_tokens=2048, lr=1e-2, warmup=2, max_tokens=300, loader_workers=0)
+    run = lambda steps, total: train(tmp_path / "codes.npz", tmp_path / "run", 5.0, 10.0, cfg,  # noqa: E731
+                                     tiny_model_config(), LAYOUT, "cpu", max_steps=steps, log_every=1,
+                                     eval_every=10_000, total_minutes=1e6, total_steps=total)
+    rows = run(10, 20)["history"] + run(24, None)["history"]  # the second call: the plan from the state
+    lrs = {r["step"]: r["lr"] for r in rows}
+    assert sorted(lrs) == list(range(1, 25))
+    for step, lr in lrs.items():  # a row's lr is the one its step trained with (set at step - 1)
+        assert lr == pytest.approx(lr_at(step - 1, (step - 1) / 20, cfg.lr, cfg.warmup, cfg.min_lr_ratio)), step
+    assert lrs[24] == pytest.approx(cfg.lr * cfg.min_lr_ratio)  # past the plan: the floor, minutes notwithstanding

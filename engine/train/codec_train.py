@@ -49,7 +49,7 @@ from engine.train.codec_forward import (CodecTrainer, add_weight_norm_, fold_wei
 from engine.train.codec_losses import ReconstructionLoss, head_phase_loss, head_spectrum_loss, snr_db
 from engine.train.phone_targets import NUM_CLASSES
 from engine.train.presets import VOICE_CODEC
-from engine.train.schedule import Clock, lr_at
+from engine.train.schedule import Clock, lr_at, plan_steps
 
 MEL_WEIGHT, STFT_WEIGHT, COMMIT_WEIGHT, CODEBOOK_WEIGHT = 15.0, 1.0, 0.25, 1.0
 
@@ -173,16 +173,18 @@ def loss_terms(trainer: CodecTrainer, losses: ReconstructionLoss, x: torch.Tenso
 def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg: CodecTrainConfig,
           config: CodecConfig, device: str, workers: int, max_steps: int | None = None,
           moments: bool = True, log_every: int = 50, total_minutes: float | None = None,
-          overrides: dict | None = None, half_params: bool = False, profile_steps: int = 0) -> dict:
+          overrides: dict | None = None, half_params: bool = False, profile_steps: int = 0,
+          total_steps: int | None = None) -> dict:
     """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
-    planned over `total_minutes` of training (all calls; default: this call's minutes).
+    planned over `total_minutes` of training (all calls; default: this call's minutes), or
+    over `total_steps` optimizer steps (engine/train/schedule.py plan_steps).
     Resuming, the saved configs apply, with `overrides` (training-config fields the
     caller set explicitly) on top. `profile_steps` > 0: those steps (after 3 of warm-up)
     run under torch.profiler, and its table (by device time) goes to out/profile.txt."""
     from engine.train.audio_data import AudioSet, CropSampler, UtteranceSampler
 
     t_start = time.perf_counter()
-    trained_minutes = 0.0
+    trained_minutes, saved = 0.0, {}
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -225,8 +227,9 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
     log = (out / "log.jsonl").open("a")
     deadline = t_start + minutes * 60
     # the schedule counts training time only (not the data loading above)
-    clock = Clock(total_minutes or (deadline - time.perf_counter()) / 60, trained_minutes)
-    clock.warn_if_spent()
+    clock = Clock(total_minutes or (deadline - time.perf_counter()) / 60, trained_minutes,
+                  plan_steps(saved, total_steps, step))
+    clock.warn_if_spent(step)
     last_save, t_log, history = time.perf_counter(), time.perf_counter(), []
     logged_step = step  # the step of the last log row (or of the start): steps_per_s over the real count
     set_train_mode_(trainer, cfg.decoder_only)
@@ -239,7 +242,7 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
         if profiling is not None:
             profiling.at(step)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
+            group["lr"] = lr_at(step, clock.progress_at(step), cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         x = sampler.batch(cfg.batch)
         terms = loss_terms(trainer, losses, x, cfg.entropy_weight, cfg.spread_weight, cfg.head_spectrum_weight,
                              cfg.head_phase_weight)
@@ -325,8 +328,7 @@ class StepProfile:
 def _save(state_dir: Path, trainer, optimizer, step: int, config: CodecConfig, cfg: CodecTrainConfig,
           moments: bool, clock: Clock, half_params: bool = False) -> None:
     t0 = time.perf_counter()
-    extra = {"codec_config": dataclasses.asdict(config), "train_config": dataclasses.asdict(cfg),
-             "trained_minutes": clock.minutes, "total_minutes": clock.total}
+    extra = {"codec_config": dataclasses.asdict(config), "train_config": dataclasses.asdict(cfg), **clock.state()}
     checkpoints.save(state_dir, trainer.codec, optimizer, step, extra, moments=moments, half_params=half_params)
     print(f"saved step {step} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
@@ -466,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of this call")
     t.add_argument("--total-minutes", type=float,
                    help="training minutes planned over all calls (the LR schedule's length; default: this call's)")
+    t.add_argument("--total-steps", type=int,
+                   help="the LR schedule over this many optimizer steps from this call's first step (saved: later "
+                        "calls continue the plan) instead of minutes, for machines whose step rate changes")
     t.add_argument("--save-minutes", type=float, default=2.0)
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -507,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         result = train(args.data, args.out, args.minutes, args.save_minutes, CodecTrainConfig(**sets), config,
                        args.device, args.workers, args.max_steps, moments=not args.no_moments,
                        total_minutes=args.total_minutes, overrides=sets, half_params=args.half_state,
-                       profile_steps=args.profile_steps)
+                       profile_steps=args.profile_steps, total_steps=args.total_steps)
         print(json.dumps(result["history"][-1] if result["history"] else {"step": result["step"]}), file=sys.stderr)
     elif args.command == "state-from-export":
         cfg = CodecTrainConfig(**checkpoints.config_sets(CodecTrainConfig, args.set))

@@ -31,7 +31,7 @@ from engine.train import checkpoints
 from engine.train.lm_data import BatchStream, CodeSet, SequenceBuilder, SequenceConfig, collate
 from engine.train.lm_forward import init_weights_, losses, parameter_groups
 from engine.train.presets import VOICE_LAYOUT, voice_model_config
-from engine.train.schedule import Clock, lr_at
+from engine.train.schedule import Clock, lr_at, plan_steps
 
 
 @dataclasses.dataclass
@@ -86,13 +86,14 @@ def held_out_loss(model: DualARModel, seqs: list, device: str, amp: bool, cfg: L
 def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTrainConfig, config: ModelConfig,
           layout: TinyLayout, device: str, max_steps: int | None = None, moments: bool = False,
           log_every: int = 50, eval_every: int = 500, total_minutes: float | None = None,
-          keep_best: bool = False, overrides: dict | None = None) -> dict:
+          keep_best: bool = False, overrides: dict | None = None, total_steps: int | None = None) -> dict:
     """Trains for `minutes` of wall clock (this call), on a schedule planned over
-    `total_minutes` of training (all calls; default: this call's minutes). Resuming, the
+    `total_minutes` of training (all calls; default: this call's minutes), or over
+    `total_steps` optimizer steps (engine/train/schedule.py plan_steps). Resuming, the
     saved configs apply, with `overrides` (training-config fields the caller set
     explicitly) on top."""
     t_start = time.perf_counter()
-    trained_minutes = 0.0
+    trained_minutes, extra = 0.0, {}
     state_dir = out / "state"
     if checkpoints.exists(state_dir):  # resume with what it was started with
         extra = json.loads((state_dir / checkpoints.STATE_FILE).read_text())["extra"]
@@ -127,14 +128,14 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "log.jsonl").open("a")
     deadline, last_save, t_log, history = t_start + minutes * 60, time.perf_counter(), time.perf_counter(), []
-    clock = Clock(total_minutes or minutes, trained_minutes)
-    clock.warn_if_spent()
+    clock = Clock(total_minutes or minutes, trained_minutes, plan_steps(extra, total_steps, step))
+    clock.warn_if_spent(step)
     model.train()
     tokens_seen = 0
     best = None  # (held-out figures, step, parameters on the CPU) of the best evaluation
     while time.perf_counter() < deadline and (max_steps is None or step < max_steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, clock.progress, cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
+            group["lr"] = lr_at(step, clock.progress_at(step), cfg.lr, cfg.warmup, cfg.min_lr_ratio, rewarm)
         batch = next(loader).to(device)
         with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
             result = losses(model, batch, cfg.fast_weight, cfg.max_fast_rows, cfg.dropout,
@@ -187,7 +188,7 @@ def _save(state_dir: Path, model, optimizer, step: int, config: ModelConfig, cfg
     t0 = time.perf_counter()
     extra = {"model_config": config.to_dict(), "train_config": dataclasses.asdict(cfg),
              "layout": {"codebook_size": layout.codebook_size, "num_codebooks": layout.num_codebooks},
-             "trained_minutes": clock.minutes, "total_minutes": clock.total}
+             **clock.state()}
     checkpoints.save(state_dir, model, optimizer, step, extra, moments=moments)
     print(f"saved step {step} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--minutes", type=float, default=9.0, help="wall-clock budget of this call")
     t.add_argument("--total-minutes", type=float,
                    help="training minutes planned over all calls (the LR schedule's length; default --minutes)")
+    t.add_argument("--total-steps", type=int,
+                   help="the LR schedule over this many optimizer steps from this call's first step (saved: later "
+                        "calls continue the plan) instead of minutes, for machines whose step rate changes")
     t.add_argument("--save-minutes", type=float, default=3.0)
     t.add_argument("--max-steps", type=int)
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -251,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         config = voice_model_config(layout, **overrides)
         result = train(args.codes, args.out, args.minutes, args.save_minutes, cfg, config, layout, args.device,
                        args.max_steps, args.moments, args.log_every, args.eval_every, args.total_minutes,
-                       args.keep_best, overrides=sets)
+                       args.keep_best, overrides=sets, total_steps=args.total_steps)
         print(json.dumps(result["final"]), file=sys.stderr)
     else:
         from engine.train.export import copy_codec, folder_bytes, write_model

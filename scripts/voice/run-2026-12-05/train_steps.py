@@ -3,7 +3,10 @@ wall minutes: progress = (step - START_STEP) / STEPS. The 2026-12-05 phase-loss 
 2,900 steps (20,958 -> 23,858) in its 60 minutes at a steady ~0.85 steps/s, so its
 time-based cosine was, to within a few steps, this step-based one; on a shared machine
 the same 60 minutes give far fewer steps, so this reproduces the run by steps instead.
-TORCH_THREADS (optional) sets torch's intra-op threads."""
+TORCH_THREADS (optional) sets torch's intra-op threads.
+
+Kept as the command that ran; `codec_train train --total-steps STEPS` (from a state at
+START_STEP) now does the same without this wrapper (engine/train/schedule.py plan_steps)."""
 import os
 import sys
 
