@@ -10,7 +10,9 @@ cubin runs on a CPU machine for `GPUTarget("cuda", 90, 32)`; what that shows:
 - how much shared memory it takes: a loop whose loads are pipelined over S stages holds
   S copies of its tiles (one stage: nothing is prefetched, each load's latency is paid);
 - whether its loads are TMA copies and whether Triton split it into warp-specialized
-  partitions.
+  partitions;
+- its registers per thread and any spill to local memory (the wheel's cuobjdump on the
+  cubin): a spilling variant streams its registers through memory every iteration.
 
 The JIT specializes integer arguments divisible by 16 (and 16-byte aligned pointers) and
 the pipeliner relies on that to prove aligned rows; `divisible_by_16` names the
@@ -19,7 +21,7 @@ the Triton installed here (the CPU machines' pin), which may differ from the GPU
 machine's; a variant that compiles here can still fail there, but one that fails here
 is worth fixing before spending device time.
 
-    python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions (JSON)
+    python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions, registers (JSON)
 
 Not under the Triton interpreter (TRITON_INTERPRET=1 replaces every @triton.jit function
 by its interpreted form, which has nothing to compile): the CLI turns it off for itself,
@@ -43,6 +45,8 @@ import triton
 class Compiled:
     shared_bytes: int
     ttgir: str
+    registers: int | None = None  # per thread (cuobjdump; None where it is not at hand)
+    local_bytes: int | None = None  # local memory per thread: spills (and stack)
 
     @property
     def tma_copies(self) -> int:
@@ -78,7 +82,29 @@ def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int = 4
     src = ASTSource(fn=fn, signature=signature, constexprs=dict(constexprs), attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages})
-    return Compiled(shared_bytes=kernel.metadata.shared, ttgir=kernel.asm["ttgir"])
+    registers, local = _resource_usage(kernel.asm["cubin"])
+    return Compiled(shared_bytes=kernel.metadata.shared, ttgir=kernel.asm["ttgir"], registers=registers,
+                    local_bytes=local)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    """(registers per thread, local + stack bytes per thread) of a cubin, read by the
+    cuobjdump that ships with Triton's NVIDIA backend; (None, None) without it."""
+    import re
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", text)
+    if found is None:
+        return None, None
+    return int(found.group(1)), int(found.group(2)) + int(found.group(3))
 
 
 # --- the FP8 GEMM kernels' variants ------------------------------------------------------
@@ -156,7 +182,8 @@ def report(names=None) -> dict:
         try:
             k = build(**kwargs)
             out["variants"][name] = {"kwargs": kwargs, "shared_bytes": k.shared_bytes, "tma_copies": k.tma_copies,
-                                     "async_copies": k.async_copies, "warp_specialized": k.warp_specialized}
+                                     "async_copies": k.async_copies, "warp_specialized": k.warp_specialized,
+                                     "registers": k.registers, "local_bytes": k.local_bytes}
         except Exception as e:  # noqa: BLE001 - the report says which variant fails and why
             out["variants"][name] = {"kwargs": kwargs, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     return out
