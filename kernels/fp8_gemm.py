@@ -98,9 +98,9 @@ class GemmConfig:
     # function, torch._scaled_mm with 1 x 128 / 128 x 128 scales; Hopper, cuBLASLt >= 12.9;
     # the tile fields are then unused and the activations are quantized in a launch first)
     backend: str = "triton"
-    # the TMA kernel (kernels/fp8_gemm_tma.py; needs quantize_in_gemm=False: it runs on
-    # codes), persistent with this many programs per SM (0: one program per unit), its K
-    # loop warp-specialized. Candidates of the sweep, not yet measured on a GPU.
+    # the TMA kernel (kernels/fp8_gemm_tma.py; it quantizes bf16 activations in its K loop
+    # too, not the SwiGLU), persistent with this many programs per SM (0: one program per
+    # unit), its K loop warp-specialized. Candidates of the sweep, not yet measured on a GPU.
     tma: bool = False
     programs_per_sm: int = 0
     warp_specialize: bool = False
@@ -110,8 +110,8 @@ class GemmConfig:
             raise ValueError(f"backend={self.backend!r} must be one of {BACKENDS}")
         if (self.programs_per_sm or self.warp_specialize) and not self.tma:
             raise ValueError("programs_per_sm and warp_specialize are options of the TMA kernel (tma=True)")
-        if self.tma and (self.quantize_in_gemm or self.backend != "triton"):
-            raise ValueError("the TMA kernel runs on codes: it needs quantize_in_gemm=False and backend 'triton'")
+        if self.tma and self.backend != "triton":
+            raise ValueError("the TMA kernel is a Triton kernel: it needs backend 'triton'")
         if not 0 <= self.programs_per_sm <= 8:
             raise ValueError(f"programs_per_sm={self.programs_per_sm} must be in 0..8")
         for name in ("block_m", "block_n"):
@@ -399,7 +399,7 @@ def fp8_linear(
     if config.backend == "cublas" and m and b.shape[0]:  # (empty products: the Triton launcher's early return)
         codes = swiglu_quant(x[:, :k], x[:, k:], m_major_scales=True) if swiglu else quantize_act(x, m_major_scales=True)
         return cublas_block_gemm(*codes, b, b_scale, out_dtype)
-    if not config.quantize_in_gemm:
+    if not config.quantize_in_gemm or (swiglu and config.tma):  # (the TMA kernel has no SwiGLU input)
         codes = swiglu_quant(x[:, :k], x[:, k:]) if swiglu else quantize_act(x)
         return _launch(*codes, b, b_scale, out_dtype, config, A_CODES, k)
     return _launch(x, None, b, b_scale, out_dtype, config, A_SWIGLU if swiglu else A_BF16, k)
@@ -434,7 +434,7 @@ def fp8_swiglu_gemm(x: Tensor, b: Tensor, b_scale: Tensor, config: GemmConfig | 
     if cfg.block_n != 2 * GROUP or cfg.backend != "triton":
         raise ValueError(f"the SwiGLU epilogue needs the Triton kernel with 256-row weight tiles, got {cfg}")
     rnd = round_code(x.dtype)
-    if cfg.tma or not cfg.quantize_in_gemm:
+    if not cfg.quantize_in_gemm:
         return _launch(*quantize_act(x), b, b_scale, x.dtype, cfg, A_CODES, k, swiglu_round=rnd)
     return _launch(x, None, b, b_scale, x.dtype, cfg, A_BF16, k, swiglu_round=rnd)
 
@@ -473,8 +473,9 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
             counters = _counters(a.device)
         split_mode = SPLIT_SEPARATE_REDUCE if counters is None else SPLIT_LAST_REDUCES
     epilogue = dict(so_ptr=out_scales, SWIGLU_OUT=swiglu_out, ROUND=swiglu_round or 0) if swiglu_out else {}
-    if cfg.tma and a_mode == A_CODES and tma_ready(a, b):
-        launch_tma(a, a_scale, b, b_scale, out, partials, counters, k, per_split, splits, split_mode, cfg,
+    if cfg.tma and a_mode in (A_CODES, A_BF16) and tma_ready(a, b):
+        launch_tma(a, a if a_scale is None else a_scale, b, b_scale, out, partials, counters, k, per_split, splits,
+                   split_mode, cfg, a_mode == A_BF16,
                    _num_sms(a.device.index if a.is_cuda else None), {**launch_args(), **epilogue})
     else:
         _fp8_gemm_kernel[grid](

@@ -3,10 +3,12 @@ accelerator), optionally persistent and warp-specialized: a candidate for the de
 shapes where the pointer kernel (kernels/fp8_gemm.py) streams weights far below the
 card's bandwidth (H200: 23-57% of the bytes floor at M = 64; kernels/FP8_NOTES.md).
 
-The same function and layouts as `fp8_gemm` on pre-quantized codes (fp8_linear quantizes
-in a launch first when its config takes this kernel): per 128-wide K group, one fp8 dot
-promoted into the fp32 accumulator with its two scales, the same group order and the same
-split-K partials and sums, so a row's output does not depend on which kernel made it.
+The same function and layouts as `fp8_gemm`: per 128-wide K group, one fp8 dot promoted
+into the fp32 accumulator with its two scales, the same group order and the same split-K
+partials and sums, so a row's output does not depend on which kernel made it. It takes
+codes, or bf16 activations (A_BF16) that it loads by TMA and quantizes group by group in
+its K loop with quantize_act's arithmetic (the same codes bit for bit); the SwiGLU input
+of the MLP's down projection is quantized in a launch first.
 
 Why each option might pay (none is measured yet; `latency_bench.kernel_sweep --tma`
 times them against the pointer kernel's table):
@@ -21,8 +23,9 @@ times them against the pointer kernel's table):
   warps wait on each group's wgmma before scaling it into the accumulator, which the
   software pipeline alone must serialize.
 
-TMA needs 16-byte aligned bases and row strides (K % 16 == 0 for e4m3 rows): `tma_ready`
-says whether the operands allow it; the launcher takes the pointer kernel otherwise.
+TMA needs 16-byte aligned bases and row strides (K % 16 == 0 for e4m3 rows, K % 8 for
+bf16): `tma_ready` says whether the operands allow it; the launcher takes the pointer
+kernel otherwise.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_quant import _interpreting
+from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
 from kernels.fp8_tile import store_tile, tile_start
 from kernels.pdl import pdl_wait
 
@@ -44,7 +47,7 @@ TMA_ALIGN = 16  # bytes: base address and row stride of a TMA operand
 
 
 def tma_ready(*operands: Tensor) -> bool:
-    """Whether TMA can load these e4m3 [rows, K] operands as they are (unit stride along K,
+    """Whether TMA can load these [rows, K] operands as they are (unit stride along K,
     16-byte aligned base and row stride)."""
     if TensorDescriptor is None:
         return False
@@ -68,7 +71,7 @@ def _fp8_gemm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_MODE: tl.constexpr,
     SPLITS: tl.constexpr = 1, PERSISTENT: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
     PDL: tl.constexpr = False, so_ptr=None, SWIGLU_OUT: tl.constexpr = False, ROUND: tl.constexpr = 0,
-    SOFT_ROUND: tl.constexpr = False,
+    SOFT_ROUND: tl.constexpr = False, A_BF16: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     if PERSISTENT:
@@ -78,11 +81,11 @@ def _fp8_gemm_tma_kernel(
                              warp_specialize=WARP_SPECIALIZE):
             _unit(unit, a_desc, as_ptr, b_desc, bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, KB, GROUPS_PER_SPLIT,
                   TILES_N, TILES_M, stride_cm, BLOCK_M, BLOCK_N, SWAP_AB, SPLIT_MODE, SPLITS, False,
-                  so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND)
+                  so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND, A_BF16)
     else:
         _unit(tl.program_id(0), a_desc, as_ptr, b_desc, bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, KB, GROUPS_PER_SPLIT,
               TILES_N, TILES_M, stride_cm, BLOCK_M, BLOCK_N, SWAP_AB, SPLIT_MODE, SPLITS, WARP_SPECIALIZE,
-              so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND)
+              so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND, A_BF16)
 
 
 @triton.jit
@@ -90,7 +93,7 @@ def _unit(
     unit, a_desc, as_ptr, b_desc, bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, KB, GROUPS_PER_SPLIT, TILES_N, TILES_M,
     stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_MODE: tl.constexpr,
     SPLITS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, so_ptr, SWIGLU_OUT: tl.constexpr, ROUND: tl.constexpr,
-    SOFT_ROUND: tl.constexpr,
+    SOFT_ROUND: tl.constexpr, A_BF16: tl.constexpr,
 ):
     """One (tile, split) unit: its K groups into an fp32 tile, then the common epilogue."""
     pid_n = unit % TILES_N
@@ -104,9 +107,14 @@ def _unit(
     for g in tl.range(g0, g0 + GROUPS_PER_SPLIT, warp_specialize=WARP_SPECIALIZE):
         # a split's last groups may lie past K (splits x groups per split >= KB): the TMA
         # loads give zeros there and the masked scales zero, so they add nothing
-        sa = tl.load(as_rows + g, mask=m_ok & ((offs_m * 0 + g) < KB), other=0.0)
         sb = tl.load(bs_rows + g, mask=n_ok & ((offs_n * 0 + g) < KB), other=0.0)
-        a = a_desc.load([pid_m * BLOCK_M, g * 128])  # [BM, 128] e4m3
+        if A_BF16:  # quantized here as quantize_act would (zeros past M and K: no effect on the amax)
+            x = a_desc.load([pid_m * BLOCK_M, g * 128]).to(tl.float32)  # [BM, 128]
+            sa, inv = _pow2_scale(tl.max(tl.abs(x), axis=1))
+            a = _to_e4m3(x * inv[:, None], SOFT_ROUND)
+        else:
+            sa = tl.load(as_rows + g, mask=m_ok & ((offs_m * 0 + g) < KB), other=0.0)
+            a = a_desc.load([pid_m * BLOCK_M, g * 128])  # [BM, 128] e4m3
         b = b_desc.load([pid_n * BLOCK_N, g * 128])  # [BN, 128] e4m3, K-major as wgmma wants
         if SWAP_AB:
             acc += tl.dot(b, tl.trans(a)) * (sb[:, None] * sa[None, :])  # [BN, BM]
@@ -117,8 +125,8 @@ def _unit(
 
 
 def launch_tma(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out: Tensor, partials: Tensor,
-               counters: Tensor | None, k: int, per_split: int, splits: int, split_mode: int, cfg, sms: int,
-               launch_args: dict) -> None:
+               counters: Tensor | None, k: int, per_split: int, splits: int, split_mode: int, cfg, a_bf16: bool,
+               sms: int, launch_args: dict) -> None:
     """The TMA kernel over out [M, N] (fp8_gemm's `_launch` checked everything and made
     the buffers; `launch_args` carries PDL's and the SwiGLU-out epilogue's arguments). A persistent config runs min(units, programs_per_sm x SMs) programs."""
     m, n = a.shape[0], b.shape[0]
@@ -131,6 +139,6 @@ def launch_tma(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out: Tens
         m, n, triton.cdiv(k, 128), per_split, units, tiles_n, tiles_m, out.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab, SPLIT_MODE=split_mode,
         SPLITS=splits if split_mode == 2 else 1, PERSISTENT=cfg.programs_per_sm > 0,
-        WARP_SPECIALIZE=cfg.warp_specialize, SOFT_ROUND=_interpreting(), num_warps=cfg.num_warps,
+        WARP_SPECIALIZE=cfg.warp_specialize, SOFT_ROUND=_interpreting(), A_BF16=a_bf16, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **launch_args,
     )

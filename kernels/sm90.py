@@ -141,15 +141,17 @@ def pointer_gemm(block_m=16, block_n=128, swap=True, a_mode=0, split_mode=0, spl
 
 
 def tma_gemm(block_m=16, block_n=128, swap=True, split_mode=0, splits=1, persistent=False, ws=False, swiglu=False,
-             warps=8, stages=3) -> Compiled:
-    """kernels/fp8_gemm_tma.py's kernel as `launch_tma` would launch it."""
+             warps=8, stages=3, a_bf16=False) -> Compiled:
+    """kernels/fp8_gemm_tma.py's kernel as `launch_tma` would launch it (`a_bf16`: bf16
+    activations quantized in its K loop)."""
     from kernels.fp8_gemm_tma import _fp8_gemm_tma_kernel
 
-    types = {"a_desc": f"tensordesc<fp8e4nv[{block_m}, 128]>", "as_ptr": "*fp32",
+    a = "bf16" if a_bf16 else "fp8e4nv"
+    types = {"a_desc": f"tensordesc<{a}[{block_m}, 128]>", "as_ptr": "*bf16" if a_bf16 else "*fp32",
              "b_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "bs_ptr": "*fp32", "p_ptr": "*fp32", "cnt_ptr": "*i32",
              **_SCALARS}
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, SWAP_AB=swap, SPLIT_MODE=split_mode, SPLITS=splits,
-                  PERSISTENT=persistent, WARP_SPECIALIZE=ws, PDL=False, SOFT_ROUND=False)
+                  PERSISTENT=persistent, WARP_SPECIALIZE=ws, PDL=False, SOFT_ROUND=False, A_BF16=a_bf16)
     _epilogue(types, consts, swiglu)
     return compile_sm90(_fp8_gemm_tma_kernel, types, consts, warps, stages, _ALIGNED)
 
@@ -165,6 +167,7 @@ VARIANTS = {
     "pointer SwiGLU out, plain 64 x 256": (pointer_gemm, dict(block_m=64, block_n=256, swap=False, swiglu=True)),
     "tma decode tile": (tma_gemm, {}),
     "tma split 5, summed in the launch": (tma_gemm, dict(split_mode=2, splits=5)),
+    "tma bf16 in, quantized in the K loop": (tma_gemm, dict(split_mode=2, splits=5, a_bf16=True)),
     "tma plain 64 x 128, warp-specialized": (tma_gemm, dict(block_m=64, swap=False, ws=True, warps=4)),
     "tma persistent, split 4 (second launch)": (tma_gemm, dict(persistent=True, split_mode=1, splits=4)),
     "tma persistent plain, warp-specialized": (tma_gemm, dict(block_m=64, swap=False, persistent=True, ws=True,

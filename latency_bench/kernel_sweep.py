@@ -94,12 +94,17 @@ def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
     if smoke:
         tiles = tiles[:1]
     out = [gemm_config(m, shape.n, shape.k)]
+    # bf16 activations quantized in the TMA kernel's K loop where that pays for the pointer
+    # kernel (M <= 32; not behind the SwiGLU, which it quantizes in a launch first)
+    in_loop = (False, True) if mc <= 32 and not swiglu_shape(shape) else (False,)
     for bm, bn, swap, warps, stages in tiles:
         for s in tma_splits(shape, m, cdiv(shape.n, bn) * cdiv(m, bm))[: 2 if smoke else None]:
             for pps in TMA_PROGRAMS_PER_SM[: 2 if smoke else None]:
                 for ws in (False,) if swap else (False, True):
-                    out.append(GemmConfig(bm, bn, swap, s, TMA_WS_WARPS if ws else warps, stages,
-                                          quantize_in_gemm=False, tma=True, programs_per_sm=pps, warp_specialize=ws))
+                    for quantize in in_loop:
+                        out.append(GemmConfig(bm, bn, swap, s, TMA_WS_WARPS if ws else warps, stages,
+                                              quantize_in_gemm=quantize, tma=True, programs_per_sm=pps,
+                                              warp_specialize=ws))
     if cublas_supported(shape.n, shape.k, torch.bfloat16):
         out.append(GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas"))
     return list(dict.fromkeys(out))
@@ -140,10 +145,11 @@ def compile_key(shape: Shape, m: int, cfg, a_mode: int) -> tuple:
     if cfg.backend == "cublas":
         return ("cublas", a_mode)  # only the quantize kernels compile
     split_mode = 0 if cfg.splits == 1 else (2 if cfg.reduce_in_kernel else 1)
-    if cfg.tma:  # no EVEN_K or A_MODE: the copies zero-fill, the operands are codes
-        unrolled = cfg.splits if split_mode == 2 else 1
+    if cfg.tma:  # no EVEN_K: the copies zero-fill; bf16 in (A_BF16) or codes (the SwiGLU input quantized first)
+        unrolled = cfg.splits if split_mode == 2 and not cfg.programs_per_sm else 1
+        a_bf16 = cfg.quantize_in_gemm and a_mode == 1
         return ("tma", cfg.block_m, cfg.block_n, cfg.swap_ab, split_mode, unrolled, cfg.num_warps, cfg.num_stages,
-                cfg.programs_per_sm > 0, cfg.warp_specialize)
+                cfg.programs_per_sm > 0, cfg.warp_specialize, a_bf16)
     a_mode = a_mode if cfg.quantize_in_gemm else 0
     unrolled = cdiv(groups, per) if split_mode == 2 else 1  # the in-kernel sum is unrolled over the splits
     return (cfg.block_m, cfg.block_n, cfg.swap_ab, even, a_mode, split_mode, unrolled, cfg.num_warps, cfg.num_stages)

@@ -112,6 +112,8 @@ TMA_CASES = [  # (M, N, K, config): the TMA kernel over edges its copies must ze
                                warp_specialize=True)),
     (9, 256, 1024, GemmConfig(16, 128, True, splits=4, quantize_in_gemm=False, tma=True, programs_per_sm=1,
                               warp_specialize=True)),
+    (3, 200, 384, GemmConfig(16, 64, True, splits=3, tma=True)),  # bf16 activations quantized in its K loop
+    (40, 136, 304, GemmConfig(32, 64, False, tma=True, programs_per_sm=1)),  # ... ragged K and M, plain, persistent
 ]
 
 
@@ -130,8 +132,12 @@ def test_tma_kernel_gives_the_pointer_kernels_output(m, n, k, config):
         assert torch.equal(out, fp8_gemm(a, a_s, b, b_s, torch.float32, config=pointer))
     assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, torch.float32)) < TOL[torch.float32]
     assert rel(out, x @ w.t()) < FP8_TOL
+    # bf16 in: quantized in the K loop (quantize_in_gemm) or in a launch first, the same codes
     assert torch.equal(fp8_linear(x.bfloat16(), b, b_s, config=config),
                        fp8_gemm(*quantize_act(x.bfloat16()), b, b_s, config=config))
+    if DEVICE == "cpu":
+        assert torch.equal(fp8_linear(x.bfloat16(), b, b_s, config=config),
+                           fp8_linear(x.bfloat16(), b, b_s, config=pointer))
     assert all(int(buf.abs().sum()) == 0 for buf in _counter_buffers.values())
 
 
@@ -182,8 +188,8 @@ def test_tma_falls_back_to_the_pointer_kernel_where_it_cannot_load():
     cfg = GemmConfig(16, 64, True, quantize_in_gemm=False, tma=True)
     out = fp8_gemm(a, a_s, b, b_s, torch.float32, config=cfg)
     assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, torch.float32)) < TOL[torch.float32]
-    with pytest.raises(ValueError, match="runs on codes"):
-        GemmConfig(16, 64, True, tma=True)
+    with pytest.raises(ValueError, match="Triton kernel"):
+        GemmConfig(16, 64, True, tma=True, backend="cublas")
     with pytest.raises(ValueError, match="options of the TMA kernel"):
         GemmConfig(16, 64, True, programs_per_sm=1)
 

@@ -28,8 +28,8 @@ def report():
 
 
 def stage_bytes(kwargs):
-    """One K group of both e4m3 operand tiles."""
-    return (kwargs.get("block_m", 16) + kwargs.get("block_n", 128)) * 128
+    """One K group of both operand tiles (e4m3 weights; e4m3 or bf16 activations)."""
+    return (kwargs.get("block_m", 16) * (2 if kwargs.get("a_bf16") else 1) + kwargs.get("block_n", 128)) * 128
 
 
 def test_every_fp8_gemm_variant_compiles_for_sm90(report):

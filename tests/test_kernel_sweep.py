@@ -126,7 +126,8 @@ def test_tma_candidates_time_the_table_beside_every_way_of_running_the_tma_kerne
             assert len(set(cands)) == len(cands)
             assert gemm_config(m, shape.n, shape.k) in cands  # the current table: the baseline of the same run
             tma = [c for c in cands if c.tma]
-            assert tma and all(not c.quantize_in_gemm for c in tma)
+            # bf16 quantized in the K loop as well as in a launch first, at M <= 32 (not behind the SwiGLU)
+            assert {c.quantize_in_gemm for c in tma} == ({False, True} if m <= 32 and shape.name != "w2" else {False})
             # warp-specialized: plain tiles at 4 warps only (what Hopper's partitioning takes)
             assert all(not c.swap_ab and c.num_warps == 4 for c in tma if c.warp_specialize)
             both = (0, 1) if m >= 32 else (0,)
