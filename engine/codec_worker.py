@@ -134,7 +134,7 @@ class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
         snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
-        release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False,
+        release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False, sms: int = 0,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         if first_frames not in self.chunks:
@@ -171,6 +171,14 @@ class CodecWorker:
         # (high priority: audio someone waits for, in short calls; ahead of decode kernels.
         # Bulk calls behind the decode step were measured and dropped: module docstring)
         self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        # `sms` > 0: the stream of a green context of that many SMs instead (engine/green.py;
+        # its stream has no priority), so the codec's calls never hold the other SMs
+        self.sm_stream = None
+        if sms:
+            from engine.green import sm_stream
+
+            self.sm_stream = sm_stream(sms, self.device)  # raises ValueError on a CPU device
+            self.stream = self.sm_stream.stream
         self.cuda_graphs = self.stream is not None if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.stream is None:
             raise ValueError("CUDA graphs need a CUDA device")

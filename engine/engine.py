@@ -109,6 +109,12 @@ class EngineConfig:
     # call queued behind rounds of up to 64 streams x 4 frames (README, "Where the c=64
     # gaps come from"). Off: not yet measured on the GPU.
     codec_cut_in: bool = False
+    # the codec worker's kernels confined to this many SMs (a CUDA green context,
+    # engine/green.py), so the decode step's kernels always find the other SMs free of
+    # codec blocks: measured on an H200 at 64 connections, the step took 13.6 ms beside the
+    # codec against 8.6 alone. 0: the codec shares every SM (the default; not yet
+    # measured on a GPU). CUDA only.
+    codec_sms: int = 0
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same
     # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
@@ -133,6 +139,8 @@ class EngineConfig:
             raise ValueError(f"codec_kernels must be one of {CODEC_KERNELS}, got {self.codec_kernels!r}")
         if self.kv_quant not in KV_QUANTS:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
+        if not 0 <= self.codec_sms <= 1024:
+            raise ValueError(f"codec_sms must be 0 (every SM) or a count of SMs, got {self.codec_sms}")
 
 
 @dataclass(slots=True)
@@ -231,7 +239,7 @@ class Engine:
                                  release_interval_s=c.codec_release_interval_s,
                                  snake_kernel=None if c.codec_kernels != "off" else False,
                                  state_kernels=None if c.codec_kernels == "all" else False,
-                                 cut_in=c.codec_cut_in and not c.naive)
+                                 cut_in=c.codec_cut_in and not c.naive, sms=0 if c.naive else c.codec_sms)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

@@ -41,6 +41,7 @@
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests, its choices vs the current table and cuBLAS at M = 1,16,64,128 (~6 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
+#   bash scripts/gpu_check.sh codecsms   # the codec on a green context of N SMs: GPU test, call times on 0/32/48 SMs, load c=16,64x2 default vs --codec-sms=32 (~8 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
@@ -590,6 +591,18 @@ swiglu)
             --skip-eager --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
             | grep -v Warn | grep "^ *[0-9]\|step\|graphs" | tail -5 | sed "s/^/$q: /"
     done
+    ;;
+codecsms)
+    # issue 5's c=64 step (13.6 ms beside the codec against 8.6 alone, H200): the codec's
+    # kernels confined to a green context of N SMs (--codec-sms, engine/green.py; built
+    # 2026-12-05 without a GPU). Its GPU test, the worker's call times on every SM and on
+    # 32 and 48 (what confinement costs the codec), then the load A/B in bf16, same call
+    # (~7 min)
+    timeout 120 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined or codec_graphs" 2>&1 | tail -4 \
+        | tee "$out/gpu_tests.log"
+    timeout 90 python3 -m latency_bench.profile_codec --model s2-pro --batch 16,64 --sms 0,32,48 \
+        --out "$out/profile_codec" 2>&1 | grep -v Warn | tail -22 | tee "$out/codec_sms.log"
+    ab_loads sms 16,64,64 400 ${VARIANTS:-default sms32:--codec-sms=32}
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the

@@ -357,6 +357,28 @@ def test_service_flags_set_the_codec_policy():
     with pytest.raises(SystemExit):
         parse_args(["--codec-max-chunk", "5"])
     assert parse_args(["--codec-cut-in"]).engine.codec_cut_in and not parse_args([]).engine.codec_cut_in
+    assert parse_args([]).engine.codec_sms == 0
+
+
+def test_codec_sms_needs_a_cuda_device(codec, capsys):
+    """--codec-sms confines the codec to SMs of a GPU (engine/green.py): on a CPU the
+    service refuses it at startup with the reason, and so do the worker and the stream
+    factory; a negative count is refused by the config. (On a GPU: tests/test_gpu.py.)"""
+    from engine.engine import EngineConfig
+    from engine.green import sm_stream
+    from realtime.config import parse_args
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU refusal; a GPU takes the option")
+    with pytest.raises(SystemExit):
+        parse_args(["--codec-sms", "16"])
+    assert "--codec-sms confines the codec to SMs of a CUDA device" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="CUDA device"):
+        sm_stream(16, "cpu")
+    with pytest.raises(ValueError, match="CUDA device"):
+        CodecWorker(codec, 2, sms=16)
+    with pytest.raises(ValueError, match="codec_sms"):
+        EngineConfig(codec_sms=-1)
 
 
 @pytest.mark.parametrize("hold", [0.3, None])
