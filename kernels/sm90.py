@@ -164,6 +164,9 @@ VARIANTS = {
     "pointer SwiGLU in the K loop": (pointer_gemm, dict(a_mode=2, split_mode=2, splits=6)),
     "pointer plain 64 x 128": (pointer_gemm, dict(block_m=64, swap=False)),
     "pointer SwiGLU out, split 2": (pointer_gemm, dict(block_n=256, split_mode=2, splits=2, swiglu=True)),
+    # w13 at M = 1..4 as the engine launches it (the table's 4 warps, bf16 quantized in the loop)
+    "pointer SwiGLU out, bf16 in, 4 warps": (pointer_gemm, dict(block_n=256, a_mode=1, split_mode=2, splits=2,
+                                                                 swiglu=True, warps=4)),
     "pointer SwiGLU out, plain 64 x 256": (pointer_gemm, dict(block_m=64, block_n=256, swap=False, swiglu=True)),
     "tma decode tile": (tma_gemm, {}),
     "tma split 5, summed in the launch": (tma_gemm, dict(split_mode=2, splits=5)),
