@@ -363,9 +363,15 @@ def batch_invariant(rows: list[dict], up_to: int = BATCH_INVARIANT_UP_TO) -> lis
     return out
 
 
-def tuned_table(rows: list[dict]) -> str:
-    """The TUNED dict of kernels/fp8_configs.py (w1/w3 is no engine shape: the MLP runs w13)."""
+def tuned_table(rows: list[dict], keep: dict | None = None) -> str:
+    """The TUNED dict of kernels/fp8_configs.py (w1/w3 is no engine shape: the MLP runs w13).
+    `keep`: a table whose entries for shapes the rows do not cover stay as they are (a sweep
+    of some shapes rewrites only those)."""
     lines = ["TUNED = {"]
+    swept = {(r["n"], r["k"]) for r in rows}
+    for (n, k, m), entry in (keep or {}).items():
+        if (n, k) not in swept:
+            lines.append(f"    ({n}, {k}, {m}): {tuple(entry)!r},  # kept from the previous table")
     for r in rows:
         b = r["best"]
         lines.append(f"    ({r['n']}, {r['k']}, {r['m']}): ({b['block_m']}, {b['block_n']}, {b['swap_ab']}, "
@@ -419,7 +425,9 @@ def main(argv=None) -> int:
     rows = sweep(Timer(device, a.replays), shapes, ms, a.smoke, a.jobs, a.tma)
     print(report(rows))
     print(f"TUNED with one K split per shape up to M = {BATCH_INVARIANT_UP_TO} (batch-invariant decode):")
-    table = tuned_table(batch_invariant(rows))
+    from kernels.fp8_configs import TUNED
+
+    table = tuned_table(batch_invariant(rows), keep=TUNED)
     print(table)
     if a.write_configs and not a.smoke:
         tuned_on = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, triton {triton.__version__}"

@@ -259,10 +259,12 @@ sweep)
 adopt)
     # sweep, adopt and measure in one call: the FP8 GPU tests, the tile sweep written into this
     # copy's kernels/fp8_configs.py (it comes back in $out to be committed), then the engine
-    # step with FP8 on that table against bf16 (same run)
+    # step with FP8 on that table against bf16 (same run). SWEEP_ARGS adds sweep flags:
+    # SWEEP_ARGS="--tma --shapes wqkv,wo,w13,w2" adopts the TMA kernel where it wins (its
+    # sweep over every M class may need the 260 s alone: check the `tma` part's timing first)
     timeout 130 python3 -m pytest -q "${fp8_tests[@]}" tests/test_gpu.py -k "fp8 or cublas or batch" > "$out/fp8_tests.log" 2>&1
     tail -8 "$out/fp8_tests.log"
-    timeout 260 python3 -m latency_bench.kernel_sweep --write-configs kernels/fp8_configs.py --out "$out/kernel_sweep" 2>&1 \
+    timeout 260 python3 -m latency_bench.kernel_sweep ${SWEEP_ARGS:-} --write-configs kernels/fp8_configs.py --out "$out/kernel_sweep" 2>&1 \
         | tee "$out/kernel_sweep.log" | grep -A80 "^TUNED with"
     cp kernels/fp8_configs.py "$out/"
     for q in fp8 none; do

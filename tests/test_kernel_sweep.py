@@ -58,6 +58,10 @@ def test_tuned_table_is_python_that_builds_the_configs():
     text = tuned_table(rows)
     table = ast.literal_eval(text.split("=", 1)[1].strip())
     assert GemmConfig(*table[(6144, 2560, 1)]) == best and GemmConfig(*table[(6144, 2560, 64)]) == cublas
+    # a sweep of some shapes keeps the other shapes' entries of the table it replaces
+    old = {(6144, 2560, 1): (16, 64, True), (2560, 4096, 1): (16, 128, True, 6, 8, 3, True, True, "triton")}
+    table = ast.literal_eval(tuned_table(rows, keep=old).split("=", 1)[1].strip())
+    assert table[(2560, 4096, 1)] == old[(2560, 4096, 1)] and GemmConfig(*table[(6144, 2560, 1)]) == best
 
 
 def test_write_configs_rewrites_the_table_and_keeps_the_docstring(tmp_path):
