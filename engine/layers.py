@@ -123,7 +123,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(head_dim, eps)
             self.k_norm = RMSNorm(head_dim, eps)
 
-    def qkv(self, x: Tensor, cos_sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, x: Tensor, cos_sin: Tensor, codes=None) -> tuple[Tensor, Tensor, Tensor]:
         """x: [B, S, D] -> q [B, S, H, Dh], k and v [B, S, K, Dh], QK-normed and rotated.
 
         q and k are normed and rotated together, as one [B, S, H + K, Dh] view of the
@@ -132,7 +132,7 @@ class Attention(nn.Module):
         upstream order: normalize in fp32, cast back, then scale by q_norm / k_norm."""
         b, s, _ = x.shape
         h, kv, dh = self.n_head, self.n_kv_head, self.head_dim
-        qkv = self.wqkv(x)
+        qkv = self._project(x, codes)
         qk = qkv[..., : (h + kv) * dh].view(b, s, h + kv, dh)
         v = qkv[..., (h + kv) * dh :].view(b, s, kv, dh)
         if self.qk_norm:
@@ -142,33 +142,39 @@ class Attention(nn.Module):
         q, k = qk.split([h, kv], dim=2)
         return q, k, v
 
+    def _project(self, x: Tensor, codes) -> Tensor:
+        """wqkv(x); `codes` (FP8 layers only, engine/quant.py): x's rows already quantized by
+        the norm that made x (kernels/add_rms_norm.py), which the FP8 GEMM takes as they are."""
+        return self.wqkv(x) if codes is None else self.wqkv(x, codes)
+
     def forward(
-        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
+        self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, codes=None,
     ) -> Tensor:
-        # x: [B, S, D] -> [B, S, D]
+        # x: [B, S, D] -> [B, S, D]; codes: see _project
         b, s, _ = x.shape
         if isinstance(meta, DecodeMeta) and meta.fused_qkv:
-            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions)
+            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions, codes)
             y = decode_cached(q, k_cache, v_cache, meta)
         elif isinstance(meta, FastMeta) and meta.fused_qkv:
-            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step)
+            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, codes)
             y = fast_cached(q, k_cache, v_cache, meta)
         else:
-            q, k, v = self.qkv(x, cos_sin)
+            q, k, v = self.qkv(x, cos_sin, codes)
             y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
         return self.wo(y.reshape(b, s, self.n_head * self.head_dim))
 
-    def write_kv(self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta) -> None:
+    def write_kv(self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta,
+                 codes=None) -> None:
         """The keys and values of x's one new position into the fast cache, no attention."""
         if meta.fused_qkv:
-            self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step)
+            self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, codes)
         else:
-            _, k, v = self.qkv(x, cos_sin)
+            _, k, v = self.qkv(x, cos_sin, codes)
             write_fast_kv(k, v, k_cache, v_cache, meta.step)
 
     def _qkv_into_cache(
         self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Tensor | None,
-        positions: Tensor | int,
+        positions: Tensor | int, codes=None,
     ) -> Tensor:
         """What qkv() + the cache write of one new position per row do, in one Triton
         launch (kernels/qk_rope_kv.py). x: [B, 1, D] -> q [B, 1, H, Dh]; k and v land in
@@ -176,7 +182,7 @@ class Attention(nn.Module):
         from kernels.qk_rope_kv import qk_rope_kv
 
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
-        q = qk_rope_kv(self.wqkv(x[:, 0]), norm[0], norm[1], cos_sin[:, 0], norm[2],
+        q = qk_rope_kv(self._project(x[:, 0], codes), norm[0], norm[1], cos_sin[:, 0], norm[2],
                        k_cache, v_cache, rows, positions, self.n_head)
         return q[:, None]
 
@@ -199,6 +205,9 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(dim, hidden)
         self.attention_norm = RMSNorm(dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
+        # FP8 linear layers (engine/quant.py sets it): forward_kernels' norms also write their
+        # output as e4m3 codes, which wqkv's and the MLP's GEMMs take as they are
+        self.norms_quantize = False
 
     def forward(
         self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
@@ -217,10 +226,17 @@ class TransformerBlock(nn.Module):
         kernels/swiglu.py (the fast transformer's attention kernel is FastMeta.kernel)."""
         from kernels.add_rms_norm import add_rms_norm
 
-        x, normed = add_rms_norm(x, delta, self.attention_norm.weight, self.attention_norm.eps)
-        attended = self.attention(normed, cos_sin, k_cache, v_cache, meta)
-        x, normed = add_rms_norm(x, attended, self.ffn_norm.weight, self.ffn_norm.eps)
-        return x, self.feed_forward(normed, kernel=True)
+        if not self.norms_quantize:
+            x, normed = add_rms_norm(x, delta, self.attention_norm.weight, self.attention_norm.eps)
+            attended = self.attention(normed, cos_sin, k_cache, v_cache, meta)
+            x, normed = add_rms_norm(x, attended, self.ffn_norm.weight, self.ffn_norm.eps)
+            return x, self.feed_forward(normed, kernel=True)
+        # FP8: each norm also quantizes its output for the GEMM after it (no quantize launch
+        # before the GEMM, no quantization in its K loop; the same codes either way)
+        x, normed, codes = add_rms_norm(x, delta, self.attention_norm.weight, self.attention_norm.eps, quantize=True)
+        attended = self.attention(normed, cos_sin, k_cache, v_cache, meta, codes)
+        x, normed, codes = add_rms_norm(x, attended, self.ffn_norm.weight, self.ffn_norm.eps, quantize=True)
+        return x, self.feed_forward(normed, kernel=True, codes=codes)
 
 
 def run_blocks(
@@ -247,6 +263,9 @@ def run_blocks(
     for i in range(n):
         x, delta = blocks[i].forward_kernels(x, delta, cos_sin, k[i], v[i], meta)
     if last is not None:
+        if last.norms_quantize:
+            _, normed, codes = add_rms_norm(x, delta, last.attention_norm.weight, last.attention_norm.eps, quantize=True)
+            return last.attention.write_kv(normed, cos_sin, k[n], v[n], meta, codes)
         _, normed = add_rms_norm(x, delta, last.attention_norm.weight, last.attention_norm.eps)
         return last.attention.write_kv(normed, cos_sin, k[n], v[n], meta)
     return add_rms_norm(x, delta, final_norm.weight, final_norm.eps)

@@ -65,9 +65,18 @@ class FP8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(q, s, bias, kernel)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, codes: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """`codes`: x's rows already quantized by the kernel that made x (quantize_act's
+        codes [M, K] and scales; kernels/add_rms_norm.py quantize=True): the GEMM takes them
+        as they are, the same codes it would have made (x still gives the shape and dtype)."""
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        y = _linear(self.kernel)(x2, self.weight_q, self.weight_scale, x.dtype)
+        if codes is not None:
+            from kernels import fp8_gemm as g
+
+            gemm = g.fp8_gemm if self.kernel else g.fp8_gemm_reference
+            y = gemm(*codes, self.weight_q, self.weight_scale, x.dtype)
+        else:
+            y = _linear(self.kernel)(x2, self.weight_q, self.weight_scale, x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -108,20 +117,21 @@ class FP8FeedForward(nn.Module):
         w13 = FP8Linear(*_quantize_weight(stacked), kernel=kernel)
         return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel, swiglu_epilogue)
 
-    def forward(self, x: Tensor, kernel: bool = False) -> Tensor:
+    def forward(self, x: Tensor, kernel: bool = False, codes: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """`kernel` is FeedForward's switch for its bf16 SwiGLU kernel (the decode step's
-        kernel path passes it); here the activation is always fused into a GEMM."""
+        kernel path passes it); here the activation is always fused into a GEMM. `codes`: x
+        already quantized by its producer (as FP8Linear.forward takes them)."""
         x2 = x.reshape(-1, x.shape[-1])  # [M, D]
         if self.swiglu_epilogue:
             from kernels import fp8_gemm as g
 
             swiglu = g.fp8_swiglu_gemm if self.kernel else g.fp8_swiglu_gemm_reference
             gemm = g.fp8_gemm if self.kernel else g.fp8_gemm_reference
-            codes, scales = swiglu(x2, self.w13.weight_q, self.w13.weight_scale)
-            y = gemm(codes, scales, self.w2.weight_q, self.w2.weight_scale, x.dtype)
+            h_codes, h_scales = swiglu(x2, self.w13.weight_q, self.w13.weight_scale, codes=codes)
+            y = gemm(h_codes, h_scales, self.w2.weight_q, self.w2.weight_scale, x.dtype)
         else:
             linear = _linear(self.kernel)
-            gu = linear(x2, self.w13.weight_q, self.w13.weight_scale, x.dtype)  # [M, 2H]: gate | up
+            gu = self.w13(x2, codes)  # [M, 2H]: gate | up
             y = linear(gu, self.w2.weight_q, self.w2.weight_scale, x.dtype, swiglu=True)
         return y.view(*x.shape[:-1], y.shape[-1])
 
@@ -131,6 +141,10 @@ def _quantize_block_(block: TransformerBlock, kernel: bool, swiglu_epilogue: boo
     attn.wqkv = FP8Linear.from_linear(attn.wqkv, kernel)
     attn.wo = FP8Linear.from_linear(attn.wo, kernel)
     block.feed_forward = FP8FeedForward.from_feed_forward(block.feed_forward, kernel, swiglu_epilogue)
+    # the decode step's norms (TransformerBlock.forward_kernels) write their output as codes
+    # for wqkv and the MLP: one quantize launch (M >= 32) or the K loop's quantization
+    # (M <= 16) less per GEMM, the same codes
+    block.norms_quantize = True
 
 
 @torch.no_grad()

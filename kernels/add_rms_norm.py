@@ -15,6 +15,12 @@ norms it from registers.
 Roundings are PyTorch's: the sum is rounded to the model dtype (as a bf16 add is), then
 normed in fp32 with the weight rounded to the model dtype, and rounded once.
 `add_rms_norm_reference` is the same function in plain PyTorch.
+
+`quantize=True` also writes n as FP8 e4m3 codes with one power-of-two scale per 1 x 128
+group (kernels/fp8_quant.py's layout and arithmetic, from n's rounded values: the codes
+and scales are bit for bit quantize_act(n)'s), for an FP8 linear layer that reads n next
+(engine/quant.py): its GEMM then takes codes, with no quantize launch before it and no
+quantization in its K loop.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.fp8_quant import FP8, _interpreting, _pow2_scale, _to_e4m3
 from kernels.pdl import launch_args, pdl_wait
 from kernels.selfcheck import mismatch
 
@@ -34,7 +41,7 @@ def _add_rms_norm_kernel(
     stride_x, stride_d, stride_s, stride_n,
     dim, eps,
     HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, q_ptr=None, qs_ptr=None, QUANT: tl.constexpr = False, SOFT_ROUND: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     row = tl.program_id(0)
@@ -49,7 +56,15 @@ def _add_rms_norm_kernel(
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / dim + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
-    tl.store(n_ptr + row * stride_n + offs, (xf * rstd * w).to(dtype), mask=mask)
+    n = (xf * rstd * w).to(dtype)
+    tl.store(n_ptr + row * stride_n + offs, n, mask=mask)
+    if QUANT:  # n's 1 x 128 groups as e4m3 codes + scales (zeros past dim: no effect on an amax)
+        groups = tl.reshape(n.to(tl.float32), (BLOCK // 128, 128))
+        scale, inv = _pow2_scale(tl.max(tl.abs(groups), axis=1))
+        codes = tl.reshape(_to_e4m3(groups * inv[:, None], SOFT_ROUND), (BLOCK,))
+        kb = (dim + 127) // 128
+        tl.store(q_ptr + row * dim + offs, codes, mask=mask)
+        tl.store(qs_ptr + row * kb + tl.arange(0, BLOCK // 128), scale, mask=tl.arange(0, BLOCK // 128) < kb)
 
 
 def _rows(t: Tensor, dim: int) -> Tensor:
@@ -69,21 +84,32 @@ def _check(x: Tensor, delta: Tensor | None, weight: Tensor) -> int:
     return dim
 
 
-def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """See the module docstring. delta None: the norm alone (s is x itself)."""
+def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float, quantize: bool = False):
+    """See the module docstring. delta None: the norm alone (s is x itself). Returns (s, n),
+    or with `quantize` (s, n, (codes [M, D] e4m3, scales [M, cdiv(D, 128)] fp32)) with M the
+    rows of x's leading dimensions."""
     dim = _check(x, delta, weight)
     xr = _rows(x, dim)
     dr = _rows(delta, dim) if delta is not None else xr
     s = torch.empty_like(xr) if delta is not None else xr
     n = torch.empty_like(xr)
     block = triton.next_power_of_2(dim)
+    quant = {}
+    if quantize:
+        block = max(block, 128)  # whole groups
+        codes = torch.empty(xr.shape[0], dim, device=x.device, dtype=FP8)
+        scales = torch.empty(xr.shape[0], triton.cdiv(dim, 128), device=x.device, dtype=torch.float32)
+        quant = dict(q_ptr=codes, qs_ptr=scales, QUANT=True, SOFT_ROUND=_interpreting())
     if xr.shape[0]:
         _add_rms_norm_kernel[(xr.shape[0],)](
             xr, dr, weight, s, n,
             xr.stride(0), dr.stride(0), s.stride(0), n.stride(0),
             dim, eps,
-            HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)), **launch_args(),
+            HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)), **quant,
+            **launch_args(),
         )
+    if quantize:
+        return s.view(x.shape), n.view(x.shape), (codes, scales)
     return s.view(x.shape), n.view(x.shape)
 
 
@@ -107,6 +133,13 @@ def self_check(device: torch.device | str, dtype: torch.dtype, dim: int, eps: fl
             for name, a, r in zip(("sum", "norm"), got, want):
                 if why := mismatch(f"add_rms_norm's {name}", a, r, dtype):
                     return why
+        # the FP8 layers' variant: its codes and scales must be quantize_act's of its norm
+        from kernels.fp8_quant import quantize_act_reference
+
+        _, n, (codes, scales) = add_rms_norm(x, d, w, eps, quantize=True)
+        want_codes, want_scales = quantize_act_reference(n)
+        if not (torch.equal(scales, want_scales) and torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))):
+            return "add_rms_norm's FP8 codes differ from quantize_act's of its norm"
         return None
     except Exception as e:  # a compile failure included
         return f"add_rms_norm: {type(e).__name__}: {e}"

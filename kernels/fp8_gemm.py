@@ -415,7 +415,8 @@ def swiglu_gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmCo
     return replace(cfg, block_n=2 * GROUP)
 
 
-def fp8_swiglu_gemm(x: Tensor, b: Tensor, b_scale: Tensor, config: GemmConfig | None = None) -> tuple[Tensor, Tensor]:
+def fp8_swiglu_gemm(x: Tensor, b: Tensor, b_scale: Tensor, config: GemmConfig | None = None,
+                    codes: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """The MLP's gate/up GEMM with its SwiGLU and that product's quantization in the
     epilogue: x [M, K] bf16/fp16/fp32, b [2H, K] e4m3 in interleave_gate_up's row order
     with its block scales -> (codes [M, H] e4m3, scales [M, H / 128]), bit for bit what
@@ -423,7 +424,8 @@ def fp8_swiglu_gemm(x: Tensor, b: Tensor, b_scale: Tensor, config: GemmConfig | 
     same sums, rounded to x's dtype first), ready for the down projection's fp8_gemm. No
     [M, 2H] intermediate goes through memory and no SwiGLU launch runs. The split-K sum is
     in the same launch (the last split of a tile), or a second launch that also applies the
-    SwiGLU when no counters are at hand."""
+    SwiGLU when no counters are at hand. `codes`: x already quantized by its producer
+    (quantize_act's codes and scales of x, e.g. kernels/add_rms_norm.py's), used as they are."""
     _check_operand("x", x, ACT_DTYPES)
     m, k = x.shape
     n = b.shape[0]
@@ -434,6 +436,10 @@ def fp8_swiglu_gemm(x: Tensor, b: Tensor, b_scale: Tensor, config: GemmConfig | 
     if cfg.block_n != 2 * GROUP or cfg.backend != "triton":
         raise ValueError(f"the SwiGLU epilogue needs the Triton kernel with 256-row weight tiles, got {cfg}")
     rnd = round_code(x.dtype)
+    if codes is not None:
+        _check_operand("codes", codes[0])
+        check_scales("codes' scales", codes[1], m, triton.cdiv(k, GROUP))
+        return _launch(*codes, b, b_scale, x.dtype, cfg, A_CODES, k, swiglu_round=rnd)
     if not cfg.quantize_in_gemm:
         return _launch(*quantize_act(x), b, b_scale, x.dtype, cfg, A_CODES, k, swiglu_round=rnd)
     return _launch(x, None, b, b_scale, x.dtype, cfg, A_BF16, k, swiglu_round=rnd)
@@ -535,8 +541,10 @@ def fp8_gemm_reference(
     return (dequantize_act(a, a_scale) @ dequantize_weight(b, b_scale).t()).to(out_dtype)
 
 
-def fp8_swiglu_gemm_reference(x: Tensor, b: Tensor, b_scale: Tensor) -> tuple[Tensor, Tensor]:
-    gate, up = deinterleave_gate_up(fp8_linear_reference(x, b, b_scale))
+def fp8_swiglu_gemm_reference(x: Tensor, b: Tensor, b_scale: Tensor, config=None,
+                              codes: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    gu = fp8_linear_reference(x, b, b_scale) if codes is None else fp8_gemm_reference(*codes, b, b_scale, x.dtype)
+    gate, up = deinterleave_gate_up(gu)
     return swiglu_quant_reference(gate, up)
 
 

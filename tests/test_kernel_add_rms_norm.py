@@ -65,3 +65,21 @@ def test_bad_inputs_are_refused():
 
 def test_self_check_passes_at_a_model_width():
     assert self_check(DEVICE, torch.bfloat16, 256, 1e-6) is None
+
+
+@pytest.mark.parametrize("dim", [64, 200, 384])  # under one group, ragged, whole groups
+def test_quantize_writes_quantize_acts_codes_of_the_norm(dim):
+    """quantize=True: n also as e4m3 codes + 1 x 128 scales, bit for bit quantize_act(n)
+    (what an FP8 linear layer reading n would have made of it), and s and n unchanged."""
+    from kernels.fp8_quant import quantize_act
+
+    g = torch.Generator().manual_seed(3)
+    x, d = (torch.randn(2, 3, dim, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    w = (torch.rand(dim, generator=g) + 0.5).to(DEVICE, torch.bfloat16)
+    s, n, (codes, scales) = add_rms_norm(x, d, w, 1e-6, quantize=True)
+    s0, n0 = add_rms_norm(x, d, w, 1e-6)
+    assert torch.equal(s, s0) and torch.equal(n, n0)
+    want_codes, want_scales = quantize_act(n.reshape(-1, dim))
+    assert codes.shape == (6, dim) and scales.shape == (6, -(-dim // 128))
+    assert torch.equal(scales, want_scales)
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))

@@ -142,6 +142,26 @@ def test_quantized_decode_step_runs_with_kernels(tiny):
     model.step_kernels = True  # and with the blocks' small ops as kernels too, as a GPU runner serves it
     head, fast_logits = step()
     assert rel(head, ref_head) < 1e-4 and rel(fast_logits, ref_fast) < 1e-4
+    # there the norms hand wqkv and the MLP their codes (kernels/add_rms_norm.py quantize):
+    # the GEMMs take them instead of quantizing x themselves, and every logit is the same
+    given = []
+    real_forward = FP8Linear.forward
+
+    def spy(self, x, codes=None):
+        given.append(codes is not None)
+        return real_forward(self, x, codes)
+
+    FP8Linear.forward = spy
+    try:
+        with_codes = step()
+        for block in [*model.layers, *model.fast_layers]:
+            block.norms_quantize = False
+        without = step()
+    finally:
+        FP8Linear.forward = real_forward
+    half = len(given) // 2
+    assert any(given[:half]) and not any(given[half:])  # wqkv and w13 took codes; wo and w2 never do
+    assert all(torch.equal(a, b) for a, b in zip(with_codes, without))
 
 
 # --- GPU: the issue's correctness gate, graphs ------------------------------------------
