@@ -11,6 +11,12 @@ group, codebooks, vocabulary, sampling) at a small width.
     python -m latency_bench.launch_count --preset s2-pro --batch 1
     python -m latency_bench.launch_count --preset s2-pro --batch 1 --by-op 25
     TRITON_INTERPRET=1 python -m latency_bench.launch_count --preset s2-pro --kernels   # the GPU's path
+    TRITON_INTERPRET=1 python -m latency_bench.launch_count --preset s2-pro --kernels --quant fp8 --batch 1 --context 20
+
+With --quant the FP8 layers' launch choices are gemm_config's rule at the narrowed widths,
+not the S2-Pro table (which quantizes in a launch of its own at some shapes and M): the
+FP8 counts show the structure (one GEMM per linear, no host sync), not the table's
+quantize launches. At batch 64 the interpreter takes over 15 minutes.
 
 Counted: every ATen operation that is not a view (views launch nothing); `F.rms_norm`
 counts as one (on CUDA it is one fused kernel, on a CPU it decomposes into ~6 operations),
@@ -40,8 +46,10 @@ from engine.prompt import PromptBuilder
 
 SYNC_OPS = {"aten._local_scalar_dense.default", "aten.item.default"}
 # Not views by their schema, but no kernel on CUDA either: a reshape of a contiguous
-# tensor, and a Python scalar wrapped for torch.where (a CPU scalar argument on CUDA).
-NO_KERNEL = {"aten._unsafe_view.default", "aten.scalar_tensor.default"}
+# tensor, a Python scalar wrapped for torch.where (a CPU scalar argument on CUDA), and an
+# uninitialized allocation (the caching allocator; the FP8 launchers' outputs).
+NO_KERNEL = {"aten._unsafe_view.default", "aten.scalar_tensor.default", "aten.empty.memory_format",
+             "aten.empty_strided.default"}
 FUSED_ON_CUDA = {F.rms_norm: "rms_norm (fused)"}
 
 
@@ -131,6 +139,41 @@ TRITON_LAUNCHERS = {
 }
 
 
+# The FP8 layers' kernels (engine/quant.py), counted by the Triton kernel itself: how many
+# a launcher makes depends on its launch choice (a split-K sum in a second launch, a
+# quantize launch first)
+FP8_KERNELS = ("_fp8_gemm_kernel", "_fp8_gemm_tma_kernel", "_splitk_reduce_kernel", "_splitk_reduce_swiglu_kernel",
+               "_quant_act_kernel", "_swiglu_quant_kernel")
+
+
+@contextmanager
+def _counting_fp8_kernels(counts: Counter):
+    """Count each FP8 kernel run by the Triton interpreter (TRITON_INTERPRET=1)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run = InterpretedFunction.run
+
+    def counted(self, *args, **kwargs):
+        name = getattr(self.fn, "__name__", "")
+        if name not in FP8_KERNELS:
+            return run(self, *args, **kwargs)
+        counts[f"triton {name.strip('_')}"] += 1
+        mode = torch.utils._python_dispatch._get_current_dispatch_mode()
+        if isinstance(mode, _Dispatches):  # the interpreter's own tensor work launches nothing on a GPU
+            mode.paused += 1
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            if isinstance(mode, _Dispatches):
+                mode.paused -= 1
+
+    InterpretedFunction.run = counted
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = run
+
+
 @contextmanager
 def _counting_triton_launchers(counts: Counter):
     import importlib
@@ -160,14 +203,26 @@ def _counting_triton_launchers(counts: Counter):
             setattr(module, fn_name, fn)
 
 
-def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False) -> Counter:
+def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False, quant: str = "none",
+                norm_codes: bool = True) -> Counter:
     """Launches of one decode step (runner._step, what a CUDA graph captures) for `batch`
     streams at `context` positions. kernels=True: the GPU's path, with the Triton decode
     kernels (run by the interpreter on a CPU: set TRITON_INTERPRET=1 before importing)
-    and the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels)."""
+    and the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels).
+    `quant` "fp8" / "fp8-swiglu-epilogue": the FP8 layers with their kernels (needs
+    kernels=True), launch choices by gemm_config's rule at the narrowed widths;
+    `norm_codes` False: their GEMMs quantize their inputs themselves (before 2026-12-05)."""
     from engine.runner import Runner
 
     bundle = narrow_bundle(name)
+    if quant != "none":
+        if not kernels:
+            raise ValueError("the FP8 layers' launches are counted on the kernels path (kernels=True)")
+        from engine.quant import quantize_model_
+
+        quantize_model_(bundle.model, kernel=True, swiglu_epilogue=quant == "fp8-swiglu-epilogue")
+        for block in [*bundle.model.layers, *bundle.model.fast_layers]:
+            block.norms_quantize = norm_codes
     runner = Runner(bundle, max_running=batch, max_len=context + 64, cuda_graphs=False,
                     attention_kernel=kernels, fused_qkv=kernels, step_kernels=kernels)
     runner.batch_slots[:batch] = torch.arange(batch)
@@ -176,7 +231,7 @@ def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False
     # bypass the Python dispatch key and would go uncounted
     with torch.no_grad():
         runner._step(batch, context + 1)  # warm (lazy buffers)
-        with count_launches() as counts, _counting_triton_launchers(counts):
+        with count_launches() as counts, _counting_triton_launchers(counts), _counting_fp8_kernels(counts):
             runner._step(batch, context + 1)
     return counts
 
@@ -189,11 +244,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="the GPU's path: Triton decode attention, the fused q/k/v kernel and the blocks' "
                          "small-op kernels (interpreted on a CPU)")
+    ap.add_argument("--quant", default="none", choices=["none", "fp8", "fp8-swiglu-epilogue"],
+                    help="FP8 layers (with --kernels; interpreted, so minutes at batch 64)")
+    ap.add_argument("--gemms-quantize", action="store_true",
+                    help="with --quant: the GEMMs quantize their inputs (no codes from the norms)")
+    ap.add_argument("--context", type=int, default=300, help="positions each stream holds (the count does not "
+                                                                 "depend on it; a short one runs faster interpreted)")
     ap.add_argument("--json", help="write the counts here")
     args = ap.parse_args(argv)
     report = {}
     for b in (int(x) for x in args.batch.split(",")):
-        counts = step_counts(args.preset, b, kernels=args.kernels)
+        counts = step_counts(args.preset, b, args.context, kernels=args.kernels, quant=args.quant,
+                             norm_codes=not args.gemms_quantize)
         report[b] = {"launches": launches(counts), "host_syncs": syncs(counts), "by_op": dict(counts.most_common())}
         print(f"{args.preset} decode step, batch {b}: {launches(counts)} launches, {syncs(counts)} host syncs")
         for op, n in counts.most_common(args.by_op):

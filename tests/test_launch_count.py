@@ -127,3 +127,16 @@ def test_served_model_fuses_gate_up_and_still_matches_upstream_greedy():
     fuse_feed_forwards_(model)
     assert all(b.feed_forward.fused for b in [*model.layers, *model.fast_layers])
     assert torch.equal(greedy_frames(model, exp["prompt"], exp["greedy"].shape[1]), exp["greedy"])
+
+
+def test_fp8_step_has_no_host_sync_and_one_gemm_launch_per_linear():
+    """--quant fp8-swiglu-epilogue on the GPU's path: no host sync; each linear one GEMM
+    launch (wqkv, wo, w13 with the SwiGLU in its epilogue, w2 on its codes; at the fast
+    transformer's step 0 the last block's wqkv only), and nothing quantized in a launch of
+    its own at one row (the norms hand wqkv and w13 their codes; the rule's launch choices
+    at these narrowed widths quantize in the K loop otherwise). Triton interpreted here."""
+    counts = step_counts("s2-pro", 1, context=20, kernels=True, quant="fp8-swiglu-epilogue")
+    assert syncs(counts) == 0
+    assert counts["triton fp8_gemm_kernel"] == 4 * 36 + 9 * 4 * 4 + (4 * 3 + 1)
+    assert not any(counts[f"triton {k}"] for k in ("quant_act_kernel", "swiglu_quant_kernel", "swiglu"))
+    assert launches(counts) < launches(step_counts("s2-pro", 1, context=20, kernels=True))
