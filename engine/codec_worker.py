@@ -170,15 +170,16 @@ class CodecWorker:
         # decode and prefill streams
         # (high priority: audio someone waits for, in short calls; ahead of decode kernels.
         # Bulk calls behind the decode step were measured and dropped: module docstring)
-        self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
-        # `sms` > 0: the stream of a green context of that many SMs instead (engine/green.py;
-        # its stream has no priority), so the codec's calls never hold the other SMs
-        self.sm_stream = None
+        # `sms` > 0: instead the stream of a green context of that many SMs (engine/green.py;
+        # no priority there), so the codec's calls never hold the other SMs
+        self._green = None  # the green context's handle, kept alive as long as its stream
         if sms:
             from engine.green import sm_stream
 
-            self.sm_stream = sm_stream(sms, self.device)  # raises ValueError on a CPU device
-            self.stream = self.sm_stream.stream
+            self._green = sm_stream(sms, self.device)  # raises ValueError on a CPU device
+            self.stream = self._green.stream
+        else:
+            self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self.cuda_graphs = self.stream is not None if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.stream is None:
             raise ValueError("CUDA graphs need a CUDA device")

@@ -15,8 +15,7 @@ contexts). Where it makes streams itself (`GreenContext.Stream()`, torch >= 2.12
 stream is used; before that, the green context is made current just long enough to create
 a stream in it with the driver's cuStreamCreate (a stream created while a green context is
 current belongs to it) and torch wraps that as an ExternalStream. The hardware rounds the
-SM count up to its partition granularity; `granted_sms` says what was granted where the
-context can tell.
+SM count up to its partition granularity.
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ CU_STREAM_NON_BLOCKING = 1  # no implicit sync with the legacy default stream
 class SMStream:
     stream: torch.cuda.Stream
     context: Any  # the GreenContext: kept alive as long as the stream
-    requested_sms: int
-    granted_sms: int | None
 
 
 def sm_stream(num_sms: int, device: torch.device | str) -> SMStream:
@@ -60,8 +57,7 @@ def sm_stream(num_sms: int, device: torch.device | str) -> SMStream:
         stream = context.Stream()
     else:
         stream = torch.cuda.ExternalStream(_driver_stream_in(context), device=device)
-    granted = getattr(getattr(context, "sm_partition", None), "sm_count", None)
-    return SMStream(stream, context, num_sms, granted)
+    return SMStream(stream, context)
 
 
 def _driver_stream_in(context) -> int:

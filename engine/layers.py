@@ -224,19 +224,23 @@ class TransformerBlock(nn.Module):
         each add runs in one launch with the norm after it (kernels/add_rms_norm.py),
         the last block's with the final norm (run_blocks). The MLP's activation is
         kernels/swiglu.py (the fast transformer's attention kernel is FastMeta.kernel)."""
+        x, normed, codes = self.add_norm(x, delta, self.attention_norm)
+        attended = self.attention(normed, cos_sin, k_cache, v_cache, meta, codes)
+        x, normed, codes = self.add_norm(x, attended, self.ffn_norm)
+        if codes is None:
+            return x, self.feed_forward(normed, kernel=True)
+        return x, self.feed_forward(normed, kernel=True, codes=codes)
+
+    def add_norm(self, x: Tensor, delta: Tensor | None, norm: RMSNorm) -> tuple[Tensor, Tensor, tuple | None]:
+        """x + delta and `norm` of it in one launch (kernels/add_rms_norm.py): (sum, normed,
+        codes). With FP8 linear layers (norms_quantize) the norm also writes its output as
+        e4m3 codes for the GEMM after it (no quantize launch before the GEMM, no quantization
+        in its K loop; the same codes either way); else codes is None."""
         from kernels.add_rms_norm import add_rms_norm
 
-        if not self.norms_quantize:
-            x, normed = add_rms_norm(x, delta, self.attention_norm.weight, self.attention_norm.eps)
-            attended = self.attention(normed, cos_sin, k_cache, v_cache, meta)
-            x, normed = add_rms_norm(x, attended, self.ffn_norm.weight, self.ffn_norm.eps)
-            return x, self.feed_forward(normed, kernel=True)
-        # FP8: each norm also quantizes its output for the GEMM after it (no quantize launch
-        # before the GEMM, no quantization in its K loop; the same codes either way)
-        x, normed, codes = add_rms_norm(x, delta, self.attention_norm.weight, self.attention_norm.eps, quantize=True)
-        attended = self.attention(normed, cos_sin, k_cache, v_cache, meta, codes)
-        x, normed, codes = add_rms_norm(x, attended, self.ffn_norm.weight, self.ffn_norm.eps, quantize=True)
-        return x, self.feed_forward(normed, kernel=True, codes=codes)
+        if self.norms_quantize:
+            return add_rms_norm(x, delta, norm.weight, norm.eps, quantize=True)
+        return (*add_rms_norm(x, delta, norm.weight, norm.eps), None)
 
 
 def run_blocks(
@@ -263,9 +267,6 @@ def run_blocks(
     for i in range(n):
         x, delta = blocks[i].forward_kernels(x, delta, cos_sin, k[i], v[i], meta)
     if last is not None:
-        if last.norms_quantize:
-            _, normed, codes = add_rms_norm(x, delta, last.attention_norm.weight, last.attention_norm.eps, quantize=True)
-            return last.attention.write_kv(normed, cos_sin, k[n], v[n], meta, codes)
-        _, normed = add_rms_norm(x, delta, last.attention_norm.weight, last.attention_norm.eps)
-        return last.attention.write_kv(normed, cos_sin, k[n], v[n], meta)
+        _, normed, codes = last.add_norm(x, delta, last.attention_norm)
+        return last.attention.write_kv(normed, cos_sin, k[n], v[n], meta, codes)
     return add_rms_norm(x, delta, final_norm.weight, final_norm.eps)

@@ -541,7 +541,7 @@ def fp8_gemm_reference(
     return (dequantize_act(a, a_scale) @ dequantize_weight(b, b_scale).t()).to(out_dtype)
 
 
-def fp8_swiglu_gemm_reference(x: Tensor, b: Tensor, b_scale: Tensor, config=None,
+def fp8_swiglu_gemm_reference(x: Tensor, b: Tensor, b_scale: Tensor,
                               codes: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     gu = fp8_linear_reference(x, b, b_scale) if codes is None else fp8_gemm_reference(*codes, b, b_scale, x.dtype)
     gate, up = deinterleave_gate_up(gu)

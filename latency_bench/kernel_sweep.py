@@ -80,19 +80,33 @@ def tma_splits(shape: Shape, m: int, tiles: int) -> list[int]:
     return sorted(set(want))
 
 
+def _tiles(mc: int, swap_tiles: list, plain_tiles: list) -> list[tuple]:
+    """(block_m, block_n, swap_ab, warps, stages) for the M class `mc`: the swapped decode
+    tiles up to 64 rows, the plain ones from 32."""
+    tiles = []
+    if mc <= 64:
+        tiles += [(max(16, mc), bn, True, w, st) for bn, w, st in swap_tiles]
+    if mc >= 32:
+        tiles += [(bm, bn, False, w, st) for bm, bn, w, st in plain_tiles]
+    return tiles
+
+
+def _cublas(shape: Shape) -> list:
+    """cuBLAS's block-scaled GEMM where it takes the shape (its tile fields unused)."""
+    from kernels.fp8_gemm import GemmConfig, cublas_supported
+
+    if cublas_supported(shape.n, shape.k, torch.bfloat16):
+        return [GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas")]
+    return []
+
+
 def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
     """The TMA kernel's choices for (shape, M), plus the pointer kernel's current table
     entry (the baseline in the same run) and cuBLAS's block-scaled GEMM."""
-    from kernels.fp8_gemm import GemmConfig, cublas_supported, gemm_config, m_class
+    from kernels.fp8_gemm import GemmConfig, gemm_config, m_class
 
     mc = m_class(m)
-    tiles = []
-    if mc <= 64:
-        tiles += [(max(16, mc), bn, True, w, st) for bn, w, st in TMA_SWAP_TILES]
-    if mc >= 32:
-        tiles += [(bm, bn, False, w, st) for bm, bn, w, st in TMA_PLAIN_TILES]
-    if smoke:
-        tiles = tiles[:1]
+    tiles = _tiles(mc, TMA_SWAP_TILES, TMA_PLAIN_TILES)[: 1 if smoke else None]
     out = [gemm_config(m, shape.n, shape.k)]
     # bf16 activations quantized in the TMA kernel's K loop where that pays for the pointer
     # kernel (M <= 32; not behind the SwiGLU, which it quantizes in a launch first)
@@ -105,33 +119,22 @@ def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
                         out.append(GemmConfig(bm, bn, swap, s, TMA_WS_WARPS if ws else warps, stages,
                                               quantize_in_gemm=quantize, tma=True, programs_per_sm=pps,
                                               warp_specialize=ws))
-    if cublas_supported(shape.n, shape.k, torch.bfloat16):
-        out.append(GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas"))
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out + _cublas(shape)))
 
 
 def candidates(shape: Shape, m: int, smoke: bool = False, tma: bool = False):
     if tma:
         return tma_candidates(shape, m, smoke)
-    from kernels.fp8_gemm import GemmConfig, cublas_supported, m_class
+    from kernels.fp8_gemm import GemmConfig, m_class
 
-    mc = m_class(m)
-    tiles = []
-    if mc <= 64:
-        tiles += [(max(16, mc), bn, True, w, st) for bn, w, st in SWAP_TILES]
-    if mc >= 32:
-        tiles += [(bm, bn, False, w, st) for bm, bn, w, st in PLAIN_TILES]
-    if smoke:
-        tiles = tiles[:2]
+    tiles = _tiles(m_class(m), SWAP_TILES, PLAIN_TILES)[: 2 if smoke else None]
     out = []
     for bm, bn, swap, warps, stages in tiles:
         for s in split_choices(shape.k)[: 2 if smoke else None]:
             if cdiv(shape.n, bn) * cdiv(m, bm) * s <= MAX_PROGRAMS or s == 1:
                 for fused in (True, False):  # activations quantized in the GEMM, or in a launch before it
                     out.append(GemmConfig(bm, bn, swap, s, warps, stages, quantize_in_gemm=fused))
-    if cublas_supported(shape.n, shape.k, torch.bfloat16):  # cuBLAS's block-scaled GEMM (tile fields unused)
-        out.append(GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas"))
-    return out
+    return out + _cublas(shape)
 
 
 # --- compiling in parallel ----------------------------------------------------------------
