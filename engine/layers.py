@@ -50,7 +50,7 @@ def apply_rope(x: Tensor, cos_sin: Tensor) -> Tensor:
     if cs.stride(-1) != 1 or any(st % 2 for st in cs.stride()[:-1]):
         cs = cs.contiguous()  # an expanded table (stride 0, the fast transformer's) views as is
     rot = torch.view_as_complex(cs).unsqueeze(2)  # [B, S, 1, Dh/2]
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], x.shape[-1] // 2, 2))  # explicit: an empty x too
     return torch.view_as_real(xc * rot).flatten(-2).type_as(x)
 
 

@@ -1154,3 +1154,22 @@ def test_a_step_plan_sets_the_lm_trainers_lr_and_a_resumed_call_continues_it(tmp
     for step, lr in lrs.items():  # a row's lr is the one its step trained with (set at step - 1)
         assert lr == pytest.approx(lr_at(step - 1, (step - 1) / 20, cfg.lr, cfg.warmup, cfg.min_lr_ratio)), step
     assert lrs[24] == pytest.approx(cfg.lr * cfg.min_lr_ratio)  # past the plan: the floor, minutes notwithstanding
+
+
+def test_a_batch_whose_only_targets_are_ends_trains_without_a_fast_loss():
+    """A batch where no position predicts a frame (only <|im_end|> targets left, as short
+    fake data can give) has a finite loss, zero fast loss, and a gradient on the slow path;
+    it used to crash in the fast transformer's RoPE on zero rows."""
+    from engine.model import DualARModel
+
+    config = tiny_model_config()
+    model = init_weights_(DualARModel(config))
+    batch = collate([SequenceBuilder(fake_codes(), tokenizer(), config).sample()])
+    ends = batch.slow == config.num_semantic
+    assert ends.any() and not ends.all()
+    batch.slow[~ends] = IGNORE
+    out = losses(model, batch)
+    assert torch.isfinite(out.loss) and out.slow > 0
+    assert out.fast == 0 and out.per_codebook.shape == (config.num_codebooks - 1,)
+    out.loss.backward()
+    assert model.embeddings.weight.grad.abs().sum() > 0

@@ -167,7 +167,10 @@ def losses(model: DualARModel, batch: Batch, fast_weight: float = 1.0, max_fast_
         pick = torch.randperm(rows_in.shape[0], device=rows_in.device)[:max_fast_rows]
         rows_in, codes = rows_in[pick], codes[pick]
     out = fast_logits(model, rows_in, codes, dropout)
-    per = F.cross_entropy(out.float().transpose(1, 2), codes[:, 1:], reduction="none").mean(0)
+    if rows_in.shape[0]:
+        per = F.cross_entropy(out.float().transpose(1, 2), codes[:, 1:], reduction="none").mean(0)
+    else:  # no position of this batch predicts a frame (only ends): no fast loss, not a NaN
+        per = out.float().sum((0, 2)) * 0  # zeros [C - 1], still part of the graph
     fast = per.mean()
     with torch.no_grad():
         pred = logits.argmax(-1)
