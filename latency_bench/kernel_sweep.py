@@ -100,7 +100,7 @@ def _cublas(shape: Shape) -> list:
     return []
 
 
-def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
+def tma_candidates(shape: Shape, m: int, smoke: bool = False, warp_specialize: bool = True) -> list:
     """The TMA kernel's choices for (shape, M), plus the pointer kernel's current table
     entry (the baseline in the same run) and cuBLAS's block-scaled GEMM."""
     from kernels.fp8_gemm import GemmConfig, gemm_config, m_class
@@ -114,7 +114,7 @@ def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
     for bm, bn, swap, warps, stages in tiles:
         for s in tma_splits(shape, m, cdiv(shape.n, bn) * cdiv(m, bm))[: 2 if smoke else None]:
             for pps in TMA_PROGRAMS_PER_SM[: 2 if smoke else None]:
-                for ws in (False,) if swap else (False, True):
+                for ws in (False,) if swap or not warp_specialize else (False, True):
                     for quantize in in_loop:
                         out.append(GemmConfig(bm, bn, swap, s, TMA_WS_WARPS if ws else warps, stages,
                                               quantize_in_gemm=quantize, tma=True, programs_per_sm=pps,
@@ -122,9 +122,9 @@ def tma_candidates(shape: Shape, m: int, smoke: bool = False) -> list:
     return list(dict.fromkeys(out + _cublas(shape)))
 
 
-def candidates(shape: Shape, m: int, smoke: bool = False, tma: bool = False):
+def candidates(shape: Shape, m: int, smoke: bool = False, tma: bool = False, warp_specialize: bool = True):
     if tma:
-        return tma_candidates(shape, m, smoke)
+        return tma_candidates(shape, m, smoke, warp_specialize)
     from kernels.fp8_gemm import GemmConfig, m_class
 
     tiles = _tiles(m_class(m), SWAP_TILES, PLAIN_TILES)[: 2 if smoke else None]
@@ -254,11 +254,12 @@ def _time_config(timer: Timer, weights: list, x: torch.Tensor, cfg, a_mode: int,
     return timer.us_per_call(fns)
 
 
-def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: int, tma: bool = False) -> list[dict]:
+def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: int, tma: bool = False,
+          warp_specialize: bool = True) -> list[dict]:
     from kernels.fp8_gemm import GemmConfig, gemm_config
 
     cuda = timer.device.type == "cuda"
-    plan = [(s, m, c, 2 if swiglu_shape(s) else 1) for s in shapes for m in ms for c in candidates(s, m, smoke, tma)]
+    plan = [(s, m, c, 2 if swiglu_shape(s) else 1) for s in shapes for m in ms for c in candidates(s, m, smoke, tma, warp_specialize)]
     print(f"{len(plan)} timings planned", flush=True)
     precompile(plan, jobs, cuda)
     rows = []
@@ -269,7 +270,7 @@ def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: i
             x = torch.randn(m, 2 * shape.k if a_mode == 2 else shape.k, device=timer.device).bfloat16()
             expected = reference(x, weights[0], a_mode)
             table = gemm_config(m, shape.n, shape.k)
-            timed = [(time_config(timer, weights, x, c, a_mode, expected), c) for c in candidates(shape, m, smoke, tma)]
+            timed = [(time_config(timer, weights, x, c, a_mode, expected), c) for c in candidates(shape, m, smoke, tma, warp_specialize)]
             table_us = next((us for us, c in timed if c == table), None)
             timed = [t for t in timed if t[0] == t[0]]  # NaN: a variant that failed
             timed.sort(key=lambda t: t[0])
@@ -406,6 +407,9 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--tma", action="store_true",
                    help="time the TMA kernel's choices (kernels/fp8_gemm_tma.py) against the current table's")
+    p.add_argument("--no-warp-specialize", action="store_true",
+                   help="--tma without the warp-specialized choices (on an H100, triton 3.6, 2026-12-05, the GPU "
+                        "tests stalled at the first warp-specialized persistent split case)")
     p.add_argument("--out", default="out/kernel_sweep")
     p.add_argument("--write-configs", metavar="PATH",
                    help="rewrite TUNED_ON and TUNED in this copy of kernels/fp8_configs.py with the sweep's "
@@ -425,7 +429,7 @@ def main(argv=None) -> int:
         # batch-invariant split must be chosen over every class up to 16 at once
         p.error(f"--write-configs needs every M class ({','.join(map(str, MS))})")
     t0 = time.perf_counter()
-    rows = sweep(Timer(device, a.replays), shapes, ms, a.smoke, a.jobs, a.tma)
+    rows = sweep(Timer(device, a.replays), shapes, ms, a.smoke, a.jobs, a.tma, not a.no_warp_specialize)
     print(report(rows))
     print(f"TUNED with one K split per shape up to M = {BATCH_INVARIANT_UP_TO} (batch-invariant decode):")
     from kernels.fp8_configs import TUNED

@@ -4,10 +4,13 @@ scale tensor must be refused, because read as documented it corrupts the result.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
-
-import dataclasses
 
 from kernels.fp8_gemm import (GemmConfig, _counter_buffers, _launch, check_scales, cublas_block_gemm, fp8_gemm,
                               fp8_gemm_reference, fp8_linear, fp8_linear_reference, gemm_config)
@@ -117,12 +120,34 @@ TMA_CASES = [  # (M, N, K, config): the TMA kernel over edges its copies must ze
 ]
 
 
+CHILD_TIMEOUT_S = 150
+
+
+def in_a_child_process_on_the_gpu(request) -> bool:
+    """On a GPU, run this test in a pytest child with a time limit and report its outcome
+    here (True: done, the caller returns). On an H100 (triton 3.6, 2026-12-05) both GPU
+    test runs of this file stopped making progress at the first warp-specialized persistent
+    split case, and a stall must fail that case, not the whole device call."""
+    if DEVICE != "cuda" or os.environ.get("FP8_GEMM_TEST_CHILD"):
+        return False
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid]
+    try:
+        done = subprocess.run(cmd, env={**os.environ, "FP8_GEMM_TEST_CHILD": "1"}, capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S, cwd=request.config.rootpath)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"stalled: no result in {CHILD_TIMEOUT_S} s (compile or kernel hang)")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return True
+
+
 @pytest.mark.parametrize("m, n, k, config", TMA_CASES)
-def test_tma_kernel_gives_the_pointer_kernels_output(m, n, k, config):
+def test_tma_kernel_gives_the_pointer_kernels_output(m, n, k, config, request):
     """The TMA kernel (kernels/fp8_gemm_tma.py) sums the same groups in the same order as
     the pointer kernel with the same splits: equal outputs (fp32; compiled, within the tensor
     cores' accumulation), within the reference's tolerance, and fp8_linear takes it behind
     its quantize launch. Persistent grids smaller than the units cover every unit once."""
+    if config.warp_specialize and in_a_child_process_on_the_gpu(request):
+        return
     x, w = operands(m, n, k)
     a, a_s = quantize_act(x)
     b, b_s = quantize_weight(w)
