@@ -19,7 +19,12 @@ the pipeliner relies on that to prove aligned rows; `divisible_by_16` names the
 arguments to treat so, as they are at the engine's shapes. Caveat: this compiles with
 the Triton installed here (the CPU machines' pin), which may differ from the GPU
 machine's; a variant that compiles here can still fail there, but one that fails here
-is worth fixing before spending device time.
+is worth fixing before spending device time. To compile with the GPU machine's Triton,
+install that wheel aside and put it first on the path (2026-12-05: triton 3.6; every
+variant below compiles with it as with 3.9):
+
+    pip install --no-deps --target /tmp/tri36 triton==3.6.0
+    PYTHONPATH=/tmp/tri36:$PWD python -m kernels.sm90
 
     python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions, registers (JSON)
 

@@ -113,8 +113,8 @@ TMA_CASES = [  # (M, N, K, config): the TMA kernel over edges its copies must ze
     (64, 130, 384, GemmConfig(64, 128, False, splits=3, quantize_in_gemm=False, tma=True, programs_per_sm=1)),
     (130, 136, 256, GemmConfig(64, 64, False, quantize_in_gemm=False, tma=True, programs_per_sm=2,
                                warp_specialize=True)),
-    (9, 256, 1024, GemmConfig(16, 128, True, splits=4, quantize_in_gemm=False, tma=True, programs_per_sm=1,
-                              warp_specialize=True)),
+    (40, 256, 1024, GemmConfig(64, 128, False, splits=4, quantize_in_gemm=False, tma=True, programs_per_sm=1,
+                               warp_specialize=True)),  # persistent, split, warp-specialized (plain tiles only)
     (3, 200, 384, GemmConfig(16, 64, True, splits=3, tma=True)),  # bf16 activations quantized in its K loop
     (40, 136, 304, GemmConfig(32, 64, False, tma=True, programs_per_sm=1)),  # ... ragged K and M, plain, persistent
 ]
@@ -215,6 +215,8 @@ def test_tma_falls_back_to_the_pointer_kernel_where_it_cannot_load():
     assert rel(out, fp8_gemm_reference(a, a_s, b, b_s, torch.float32)) < TOL[torch.float32]
     with pytest.raises(ValueError, match="Triton kernel"):
         GemmConfig(16, 64, True, tma=True, backend="cublas")
+    with pytest.raises(ValueError, match="plain tiles only"):  # a swapped warp-specialized tile stalled a GPU run
+        GemmConfig(16, 128, True, tma=True, warp_specialize=True)
     with pytest.raises(ValueError, match="options of the TMA kernel"):
         GemmConfig(16, 64, True, programs_per_sm=1)
 
