@@ -115,6 +115,9 @@ def _open(source: AudioSource) -> tuple[av.container.InputContainer, str]:
 
 
 def _decode_mono(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, int]:
+    wav = _decode_pcm_wav(source, max_seconds)
+    if wav is not None:
+        return wav
     container, name = _open(source)
     with container:
         if not container.streams.audio:
@@ -140,6 +143,53 @@ def _decode_mono(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, i
     if total == 0:
         raise AudioError(f"{name}: contains no audio samples")
     return np.concatenate(chunks).astype(np.float32, copy=False), rate
+
+
+# integer PCM sample widths the stdlib reads -> (numpy dtype, offset, full scale); FFmpeg
+# converts them to float the same way (8-bit is unsigned around 128)
+_PCM = {1: ("u1", 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2147483648.0)}
+
+
+def _decode_pcm_wav(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, int] | None:
+    """A plain integer-PCM WAV decoded with the standard library, the same samples FFmpeg
+    gives; None for anything else (PyAV decodes it, or reports why it cannot). Why: a
+    PCM/WAV service then needs no PyAV for WAV references at the codec's rate (the GPU
+    image has no PyAV, and its 36 MB wheel does not fit beside the tree in a device call)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source[:12])
+        name, file = "audio data", io.BytesIO(bytes(source))
+    else:
+        path = Path(source)
+        if not path.is_file():
+            return None
+        with open(path, "rb") as f:
+            data = f.read(12)
+        name, file = str(path), str(path)
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    try:
+        with wave.open(file, "rb") as w:
+            channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
+            if width not in (1, 2, 3, 4) or channels < 1:
+                return None
+            if not MIN_RATE <= rate <= MAX_RATE:
+                raise AudioError(f"{name}: unsupported sample rate {rate} Hz (supported: {MIN_RATE}..{MAX_RATE} Hz)")
+            if frames > max_seconds * rate:
+                raise AudioError(f"{name}: audio is longer than the {max_seconds:g} s limit")
+            raw = w.readframes(frames)
+    except (wave.Error, EOFError):
+        return None  # not a WAV the stdlib reads (float, compressed, damaged): PyAV's turn
+    if len(raw) < channels * width:
+        raise AudioError(f"{name}: contains no audio samples")
+    raw = raw[: len(raw) - len(raw) % (channels * width)]
+    if width == 3:  # 24-bit: widen to 32 (the low byte zero), then as 32-bit
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3)
+        raw = np.concatenate([np.zeros((b.shape[0], 1), np.uint8), b], axis=1).tobytes()
+        width = 4
+    dtype, offset, scale = _PCM[width]
+    x = (np.frombuffer(raw, dtype).astype(np.float32) - offset) / scale
+    x = x.reshape(-1, channels)
+    return (x.mean(axis=1) if channels > 1 else x[:, 0]).astype(np.float32, copy=False), rate
 
 
 def _append_mono(chunks: list[np.ndarray], frames: list[av.AudioFrame]) -> int:

@@ -45,15 +45,18 @@
 #   bash scripts/gpu_check.sh codecsms   # the codec on a green context of N SMs: GPU test, call times on 0/32/48 SMs, load c=16,64x2 default vs --codec-sms=32 (~8 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
-# The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels in
-# .whl (see README, "Measuring on a GPU").
+# The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
+# carried by the device call: .whl/serve (the service's four, 1 MB; enough for the load
+# parts: PCM out, WAV references at the codec's rate) and .whl/av (PyAV, 36 MB: only where
+# a part resamples, encodes Opus/MP3 or decodes other formats). README, "Measuring on a GPU".
 set -u
 part="${1:-tests}"
 out="${OUT:-out/gpu}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+wheels=$(ls .whl/*.whl .whl/*/*.whl 2>/dev/null)
+if [ -n "$wheels" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels || exit 1
     export PYTHONPATH="/tmp/site:$PWD"
 else
     export PYTHONPATH="$PWD"

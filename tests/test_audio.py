@@ -164,3 +164,65 @@ def test_wav_bytes_header_and_round_trip():
     with wave.open(io.BytesIO(data)) as w:
         assert (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()) == (1, 2, 24_000, 6000)
     assert np.abs(load_audio(data, 24_000) - x).max() < 1.5 / 32767
+
+
+def stdlib_wav(extensible: bytes) -> bytes:
+    """A WAVE_FORMAT_EXTENSIBLE file's samples rewritten under a plain PCM header."""
+    with av.open(io.BytesIO(extensible)) as c:
+        s = c.streams.audio[0]
+        channels, rate, width = s.codec_context.channels, s.codec_context.sample_rate, int(s.codec_context.name[-4:-2]) // 8
+    data = extensible[extensible.index(b"data") + 8:]
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(data)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("codec", ["pcm_u8", "pcm_s16le", "pcm_s24le", "pcm_s32le"])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_plain_pcm_wav_decodes_without_pyav_to_ffmpegs_samples(codec, channels, monkeypatch):
+    """Integer-PCM WAV is read with the standard library (engine.audio._decode_pcm_wav):
+    the same samples as FFmpeg's decode, bit for bit, every sample width, mono and stereo;
+    and with PyAV not importable (the GPU image) a WAV at the target rate still loads."""
+    import engine.audio as audio
+
+    rate = 24_000
+    x = tone(440.0, rate, 0.3, 0.6) if channels == 1 else np.stack([tone(440.0, rate, 0.3, 0.6),
+                                                                     tone(1000.0, rate, 0.3, 0.3)])
+    data = encode(x, rate, "wav", codec)
+    if codec in ("pcm_s24le", "pcm_s32le"):  # FFmpeg writes those as WAVE_FORMAT_EXTENSIBLE,
+        assert audio._decode_pcm_wav(data, 60.0) is None  # which the stdlib leaves to PyAV;
+        data = stdlib_wav(data)  # the same samples in a plain PCM header
+    assert audio._decode_pcm_wav(data, 60.0) is not None  # the stdlib path takes it
+    ours = load_audio(data, rate)
+    with monkeypatch.context() as m:
+        m.setattr(audio, "_decode_pcm_wav", lambda source, max_seconds: None)
+        ffmpeg = load_audio(data, rate)
+    assert ours.dtype == np.float32 and np.array_equal(ours, ffmpeg)
+    monkeypatch.setitem(__import__("sys").modules, "av", None)  # import av now fails
+    assert np.array_equal(load_audio(data, rate), ffmpeg)
+    with pytest.raises(ImportError):
+        load_audio(data, TARGET)  # resampling still needs PyAV
+
+
+def test_plain_pcm_wav_limits_without_pyav(tmp_path, monkeypatch):
+    """The stdlib WAV path keeps every limit and message of the PyAV one: too long, rate
+    out of range, no samples; a float WAV (which the stdlib does not read) still decodes."""
+    monkeypatch.setitem(__import__("sys").modules, "av", None)
+    with pytest.raises(AudioError, match="longer than the 2 s limit"):
+        load_audio(wav_bytes(tone(440.0, 8_000, 3.0), 8_000), 8_000, max_seconds=2.0)
+    assert len(load_audio(wav_bytes(tone(440.0, 8_000, 3.0), 8_000), 8_000, max_seconds=3.0)) == 24_000
+    with pytest.raises(AudioError, match="unsupported sample rate 7999 Hz"):
+        load_audio(wav_bytes(tone(440.0, 8_000, 0.1), 8_000)[:24] + (7999).to_bytes(4, "little")
+                   + wav_bytes(tone(440.0, 8_000, 0.1), 8_000)[28:], 8_000)
+    with pytest.raises(AudioError, match="no audio samples"):
+        load_audio(wav_bytes(np.zeros(0, np.float32), 16_000), 16_000)
+    path = tmp_path / "ref.wav"
+    write_wav(path, tone(300.0, 16_000, 0.5), 16_000)
+    assert len(load_audio(path, 16_000)) == 8_000
+    monkeypatch.undo()
+    data = encode(tone(440.0, 16_000, 0.5), 16_000, "wav", "pcm_f32le")
+    assert len(load_audio(data, 16_000)) == 8_000  # float WAV: PyAV's
