@@ -14,6 +14,8 @@ best choices as the `TUNED` table of kernels/fp8_configs.py.
     python -m latency_bench.kernel_sweep --out out/sweep                  # H200: ~3-5 min
     python -m latency_bench.kernel_sweep --shapes wqkv --m 1,16 --jobs 8  # a part
     python -m latency_bench.kernel_sweep --smoke                          # CPU: checks the script
+    python -m latency_bench.kernel_sweep --tma --no-warp-specialize --m 1 --compile-sm90
+        # any machine: compiles the TMA choices for Hopper (kernels/sm90.py), times nothing
 
 Every distinct kernel variant is compiled first, in `--jobs` processes at once (Triton's
 on-disk cache then serves the timing process): a sweep compiles a few hundred variants,
@@ -25,9 +27,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
+
+if __name__ == "__main__" and "--compile-sm90" in sys.argv:  # before Triton: compile, do not interpret
+    os.environ["TRITON_INTERPRET"] = "0"
 
 import torch
 
@@ -313,6 +319,46 @@ def sweep(timer: Timer, shapes: list[Shape], ms: list[int], smoke: bool, jobs: i
     return rows
 
 
+def compile_tma_plan_sm90(shapes: list[Shape], ms: list[int], warp_specialize: bool) -> int:
+    """Each distinct TMA kernel variant that `--tma` would time, compiled for sm90 with
+    the Triton installed here (kernels/sm90.py; no GPU): one line each with its shared
+    memory, registers and spills. Returns how many failed to compile. What a device call
+    would otherwise find out first (2026-12-05: a stalled compile or run cost one)."""
+    from kernels.fp8_gemm import SPLIT_LAST_REDUCES, SPLIT_NONE, SPLIT_SEPARATE_REDUCE
+    from kernels.sm90 import tma_gemm
+
+    variants = {}
+    for shape in shapes:
+        for m in ms:
+            for c in tma_candidates(shape, m, warp_specialize=warp_specialize):
+                if not c.tma:
+                    continue
+                persistent = c.programs_per_sm > 0
+                mode = (SPLIT_NONE if c.splits == 1 else SPLIT_SEPARATE_REDUCE if persistent or not c.reduce_in_kernel
+                        else SPLIT_LAST_REDUCES)
+                kw = dict(block_m=c.block_m, block_n=c.block_n, swap=c.swap_ab, split_mode=mode,
+                          splits=c.splits if mode == SPLIT_LAST_REDUCES else 1, persistent=persistent,
+                          ws=c.warp_specialize, warps=c.num_warps, stages=c.num_stages, a_bf16=c.quantize_in_gemm)
+                variants.setdefault(tuple(kw.items()), kw)
+    import triton
+
+    print(f"{len(variants)} TMA variants, compiled for sm90 with triton {triton.__version__}", flush=True)
+    failed = 0
+    for kw in variants.values():
+        t0 = time.perf_counter()
+        try:
+            k = tma_gemm(**kw)
+            what = (f"ok {time.perf_counter() - t0:4.1f} s, shared {k.shared_bytes} B, TMA copies {k.tma_copies}, "
+                    f"registers {k.registers}, spill {k.local_bytes} B"
+                    + (", warp-specialized" if k.warp_specialized else ""))
+        except Exception as e:  # noqa: BLE001 - the line says which variant fails and why
+            failed += 1
+            what = f"FAILS: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        print(f"  {kw}: {what}", flush=True)
+    print(f"{failed} of {len(variants)} do not compile")
+    return failed
+
+
 def _f(x) -> float:
     return float("nan") if x is None else x
 
@@ -410,11 +456,18 @@ def main(argv=None) -> int:
     p.add_argument("--no-warp-specialize", action="store_true",
                    help="--tma without the warp-specialized choices (on an H100, triton 3.6, 2026-12-05, the GPU "
                         "tests stalled at the first warp-specialized persistent split case)")
+    p.add_argument("--compile-sm90", action="store_true",
+                   help="with --tma: only compile its choices for Hopper on this machine (no GPU), time nothing")
     p.add_argument("--out", default="out/kernel_sweep")
     p.add_argument("--write-configs", metavar="PATH",
                    help="rewrite TUNED_ON and TUNED in this copy of kernels/fp8_configs.py with the sweep's "
                         "batch-invariant table (so one GPU call can sweep, adopt and measure)")
     a = p.parse_args(argv)
+    if a.compile_sm90:
+        if not a.tma:
+            p.error("--compile-sm90 compiles the TMA kernel's choices: give --tma")
+        shapes = [s for s in SHAPES if not a.shapes or s.name in a.shapes.split(",")]
+        return 1 if compile_tma_plan_sm90(shapes, [int(x) for x in a.m.split(",")], not a.no_warp_specialize) else 0
     device = bench_device(a.smoke, "kernel_sweep")
     if device is None:
         return 2
