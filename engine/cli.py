@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     p.add_argument("--quant", default="none", choices=QUANT_MODES,
                    help="weight quantization (fp8: block-scaled FP8 linears; fp8-swiglu-epilogue: the MLP's SwiGLU in its "
-                        "gate/up GEMM, not yet measured on a GPU)")
+                        "gate/up GEMM; measured slower than fp8)")
     p.add_argument("--reference", action="append", default=[], help="reference audio file (repeatable)")
     p.add_argument("--reference-text", action="append", default=[], help="transcript of each --reference")
     p.add_argument("--temperature", type=float, default=0.7)
