@@ -17,6 +17,10 @@ Two diagnoses of where a difference comes from:
   alone does; not a mode the service runs);
 - `--ceiling`: first the same count for the model in fp32 against bf16, i.e. how often
   greedy decoding survives a numerical change no larger than bf16's own rounding;
+- `--fp8-grid-baseline`: the bf16 baseline's weights rounded through the block-scaled e4m3
+  layout first (a checkpoint shipped on the FP8 grid), so FP8 differs from it by the
+  activations' quantization alone (default voice, CPU, 2026-12-05: 6/16 inputs, semantic
+  tokens 13/16, head logits still 0.013-0.021 off: the activations alone break the gate);
 The sampling heads' logits are fp32 (engine/small_batch.py head_logits) since
 2026-12-04; before, they were rounded to bf16, and on the default voice the gate's input
 broke at an exact bf16 tie (frame 1's first residual draw; `--margins` below). With the
@@ -139,9 +143,14 @@ def main() -> int:
     p.add_argument("--weights-only", action="store_true",
                    help="weights rounded through FP8 and back, activations unquantized (a diagnosis)")
     p.add_argument("--ceiling", action="store_true", help="also the fp32 model against bf16")
+    p.add_argument("--fp8-grid-baseline", action="store_true",
+                   help="the bf16 baseline with its weights rounded through FP8 first (FP8 then differs by its "
+                        "activations only)")
     p.add_argument("--margins", action="store_true",
                    help="only: the gate input's codebook draws, bf16 top-2 margins against FP8's logit shifts")
     args = p.parse_args()
+    if args.fp8_grid_baseline and args.weights_only:
+        p.error("--fp8-grid-baseline with --weights-only compares the same weights: give one")
     if args.margins:
         torch.set_grad_enabled(False)
         draw_margins(args.model, args.device, args.frames)
@@ -150,6 +159,8 @@ def main() -> int:
     texts = [GATE_TEXT, *plain][: args.inputs]
     torch.set_grad_enabled(False)
     bundle = load_bundle(args.model, args.device, torch.bfloat16)
+    if args.fp8_grid_baseline:
+        round_weights_through_fp8_(bundle.model)
     bf16 = [greedy_run(bundle, args.frames, t) for t in texts]
     if args.ceiling:
         agreement(load_bundle(args.model, args.device, torch.float32), texts, bf16, args.frames,
@@ -160,7 +171,8 @@ def main() -> int:
     else:
         quantize_model_(bundle.model, kernel=bundle.device.type == "cuda")
         label = "FP8"
-    agreement(bundle, texts, bf16, args.frames, f"{args.model} on {args.device}, {label} against bf16")
+    against = "bf16 with its weights on the FP8 grid" if args.fp8_grid_baseline else "bf16"
+    agreement(bundle, texts, bf16, args.frames, f"{args.model} on {args.device}, {label} against {against}")
     return 0
 
 

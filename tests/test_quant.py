@@ -279,3 +279,17 @@ def test_sampling_heads_give_fp32_logits_of_the_bf16_values():
     exact = head_logits(h, w)
     assert torch.equal(exact, h.float() @ w.float().T)
     assert not torch.equal(exact, (h @ w.T).float())  # what bf16 logits would have been
+
+def test_agreement_against_a_baseline_on_the_fp8_grid(capsys, monkeypatch):
+    """fp8_agreement --fp8-grid-baseline: the count of FP8 against bf16 whose weights are
+    already on the FP8 grid (the weights' rounding taken out; the activations' left)."""
+    from latency_bench import fp8_agreement
+
+    monkeypatch.setattr("sys.argv", ["fp8_agreement", "--model", "tiny", "--device", "cpu", "--frames", "2",
+                                     "--inputs", "2", "--fp8-grid-baseline"])
+    assert fp8_agreement.main() == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "against bf16 with its weights on the FP8 grid, 2 frames" in last and "/2 inputs" in last
+    monkeypatch.setattr("sys.argv", ["fp8_agreement", "--model", "tiny", "--fp8-grid-baseline", "--weights-only"])
+    with pytest.raises(SystemExit):
+        fp8_agreement.main()
