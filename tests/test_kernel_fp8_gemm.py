@@ -120,7 +120,7 @@ TMA_CASES = [  # (M, N, K, config): the TMA kernel over edges its copies must ze
 ]
 
 
-CHILD_TIMEOUT_S = 150
+CHILD_TIMEOUT_S = 60  # a child imports torch and compiles one variant: ~10-20 s
 
 
 def in_a_child_process_on_the_gpu(request) -> bool:
