@@ -151,13 +151,16 @@ def main() -> int:
     args = p.parse_args()
     if args.fp8_grid_baseline and args.weights_only:
         p.error("--fp8-grid-baseline with --weights-only compares the same weights: give one")
+    with torch.no_grad():  # not torch.set_grad_enabled(False): main() is also called from tests
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.margins:
-        torch.set_grad_enabled(False)
         draw_margins(args.model, args.device, args.frames)
         return 0
     plain = [item["text"] for item in plain_sentences()]
     texts = [GATE_TEXT, *plain][: args.inputs]
-    torch.set_grad_enabled(False)
     bundle = load_bundle(args.model, args.device, torch.bfloat16)
     if args.fp8_grid_baseline:
         round_weights_through_fp8_(bundle.model)

@@ -290,6 +290,7 @@ def test_agreement_against_a_baseline_on_the_fp8_grid(capsys, monkeypatch):
     assert fp8_agreement.main() == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "against bf16 with its weights on the FP8 grid, 2 frames" in last and "/2 inputs" in last
+    assert torch.is_grad_enabled()  # main() leaves the process's grad mode as it was (later tests train)
     monkeypatch.setattr("sys.argv", ["fp8_agreement", "--model", "tiny", "--fp8-grid-baseline", "--weights-only"])
     with pytest.raises(SystemExit):
         fp8_agreement.main()
