@@ -131,18 +131,30 @@ def _decode_mono(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, i
             for frame in container.decode(stream):
                 if not rate:
                     rate = frame.sample_rate
-                    if not MIN_RATE <= rate <= MAX_RATE:
-                        raise AudioError(f"{name}: unsupported sample rate {rate} Hz "
-                                         f"(supported: {MIN_RATE}..{MAX_RATE} Hz)")
+                    _check_source_rate(name, rate)
                 total += _append_mono(chunks, to_float.resample(frame))
-                if total > max_seconds * rate:
-                    raise AudioError(f"{name}: audio is longer than the {max_seconds:g} s limit")
+                _check_length(name, total, rate, max_seconds)
             total += _append_mono(chunks, to_float.resample(None))
         except av.FFmpegError as e:
             raise AudioError(f"{name}: audio could not be decoded ({e.strerror or e})") from e
-    if total == 0:
-        raise AudioError(f"{name}: contains no audio samples")
+    _check_not_empty(name, total)
     return np.concatenate(chunks).astype(np.float32, copy=False), rate
+
+
+# the limits on a decoded source, the same for the PyAV and the standard-library paths
+def _check_source_rate(name: str, rate: int) -> None:
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioError(f"{name}: unsupported sample rate {rate} Hz (supported: {MIN_RATE}..{MAX_RATE} Hz)")
+
+
+def _check_length(name: str, samples: int, rate: int, max_seconds: float) -> None:
+    if samples > max_seconds * rate:
+        raise AudioError(f"{name}: audio is longer than the {max_seconds:g} s limit")
+
+
+def _check_not_empty(name: str, samples: int) -> None:
+    if samples == 0:
+        raise AudioError(f"{name}: contains no audio samples")
 
 
 # integer PCM sample widths the stdlib reads -> (numpy dtype, offset, full scale); FFmpeg
@@ -155,33 +167,30 @@ def _decode_pcm_wav(source: AudioSource, max_seconds: float) -> tuple[np.ndarray
     gives; None for anything else (PyAV decodes it, or reports why it cannot). Why: a
     PCM/WAV service then needs no PyAV for WAV references at the codec's rate (the GPU
     image has no PyAV, and its 36 MB wheel does not fit beside the tree in a device call)."""
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source[:12])
-        name, file = "audio data", io.BytesIO(bytes(source))
+    in_memory = isinstance(source, (bytes, bytearray, memoryview))
+    if in_memory:
+        name, head = "audio data", bytes(source[:12])
     else:
-        path = Path(source)
-        if not path.is_file():
-            return None
-        with open(path, "rb") as f:
-            data = f.read(12)
-        name, file = str(path), str(path)
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return None
+        name = str(source)
+        if not Path(source).is_file():
+            return None  # _open says so
+        with open(source, "rb") as f:
+            head = f.read(12)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None  # checked first, so that other formats are not copied for the stdlib
+    file = io.BytesIO(bytes(source)) if in_memory else name
     try:
         with wave.open(file, "rb") as w:
             channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
             if width not in (1, 2, 3, 4) or channels < 1:
                 return None
-            if not MIN_RATE <= rate <= MAX_RATE:
-                raise AudioError(f"{name}: unsupported sample rate {rate} Hz (supported: {MIN_RATE}..{MAX_RATE} Hz)")
-            if frames > max_seconds * rate:
-                raise AudioError(f"{name}: audio is longer than the {max_seconds:g} s limit")
+            _check_source_rate(name, rate)
+            _check_length(name, frames, rate, max_seconds)
             raw = w.readframes(frames)
     except (wave.Error, EOFError):
         return None  # not a WAV the stdlib reads (float, compressed, damaged): PyAV's turn
-    if len(raw) < channels * width:
-        raise AudioError(f"{name}: contains no audio samples")
     raw = raw[: len(raw) - len(raw) % (channels * width)]
+    _check_not_empty(name, len(raw))
     if width == 3:  # 24-bit: widen to 32 (the low byte zero), then as 32-bit
         b = np.frombuffer(raw, np.uint8).reshape(-1, 3)
         raw = np.concatenate([np.zeros((b.shape[0], 1), np.uint8), b], axis=1).tobytes()

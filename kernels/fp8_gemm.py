@@ -470,19 +470,11 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
     per_split = triton.cdiv(groups, cfg.splits)
     splits = triton.cdiv(groups, per_split)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), splits)
-    counters = None
-    if splits == 1:
-        split_mode, partials = SPLIT_NONE, out
-    else:
-        partials = torch.empty(splits, m, n, device=a.device, dtype=torch.float32)
-        # a persistent TMA grid sums its splits in a second launch: with the in-launch sum
-        # (a counter and a branch after each unit) Triton did not pipeline the persistent
-        # unit loop (compiled for sm90 on the CPU, triton 3.9: one stage of shared memory
-        # against three; kernels/FP8_NOTES.md)
-        persistent = cfg.tma and cfg.programs_per_sm > 0
-        if cfg.reduce_in_kernel and not persistent and grid[0] * grid[1] <= COUNTER_SLOTS:
-            counters = _counters(a.device)
-        split_mode = SPLIT_SEPARATE_REDUCE if counters is None else SPLIT_LAST_REDUCES
+    split_mode = split_mode_for(cfg, splits, grid[0] * grid[1])
+    partials = out if split_mode == SPLIT_NONE else torch.empty(splits, m, n, device=a.device, dtype=torch.float32)
+    counters = _counters(a.device) if split_mode == SPLIT_LAST_REDUCES else None
+    if split_mode == SPLIT_LAST_REDUCES and counters is None:  # capturing with no buffer yet
+        split_mode = SPLIT_SEPARATE_REDUCE
     epilogue = dict(so_ptr=out_scales, SWIGLU_OUT=swiglu_out, ROUND=swiglu_round or 0) if swiglu_out else {}
     if cfg.tma and a_mode in (A_CODES, A_BF16) and tma_ready(a, b):
         launch_tma(a, a if a_scale is None else a_scale, b, b_scale, out, partials, counters, k, per_split, splits,
@@ -538,6 +530,21 @@ def cublas_block_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, ou
 
 
 # --- references (plain PyTorch, the same functions) ------------------------------------
+
+def split_mode_for(cfg: GemmConfig, splits: int, tiles: int) -> int:
+    """How a launch of `cfg` with `splits` K splits over `tiles` output tiles sums them:
+    not at all (one split), the last split of each tile in the same launch (a counter per
+    tile), or a second launch. A persistent TMA grid always takes the second launch: with
+    the in-launch sum (a counter and a branch after each unit) Triton did not pipeline the
+    persistent unit loop (compiled for sm90 on the CPU, triton 3.9: one stage of shared
+    memory against three; kernels/FP8_NOTES.md)."""
+    if splits == 1:
+        return SPLIT_NONE
+    persistent = cfg.tma and cfg.programs_per_sm > 0
+    if cfg.reduce_in_kernel and not persistent and tiles <= COUNTER_SLOTS:
+        return SPLIT_LAST_REDUCES
+    return SPLIT_SEPARATE_REDUCE
+
 
 def fp8_gemm_reference(
     a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype = torch.bfloat16

@@ -324,7 +324,7 @@ def compile_tma_plan_sm90(shapes: list[Shape], ms: list[int], warp_specialize: b
     the Triton installed here (kernels/sm90.py; no GPU): one line each with its shared
     memory, registers and spills. Returns how many failed to compile. What a device call
     would otherwise find out first (2026-12-05: a stalled compile or run cost one)."""
-    from kernels.fp8_gemm import SPLIT_LAST_REDUCES, SPLIT_NONE, SPLIT_SEPARATE_REDUCE
+    from kernels.fp8_gemm import SPLIT_LAST_REDUCES, split_mode_for
     from kernels.sm90 import tma_gemm
 
     variants = {}
@@ -333,11 +333,9 @@ def compile_tma_plan_sm90(shapes: list[Shape], ms: list[int], warp_specialize: b
             for c in tma_candidates(shape, m, warp_specialize=warp_specialize):
                 if not c.tma:
                     continue
-                persistent = c.programs_per_sm > 0
-                mode = (SPLIT_NONE if c.splits == 1 else SPLIT_SEPARATE_REDUCE if persistent or not c.reduce_in_kernel
-                        else SPLIT_LAST_REDUCES)
+                mode = split_mode_for(c, c.splits, cdiv(shape.n, c.block_n) * cdiv(m, c.block_m))  # as launched
                 kw = dict(block_m=c.block_m, block_n=c.block_n, swap=c.swap_ab, split_mode=mode,
-                          splits=c.splits if mode == SPLIT_LAST_REDUCES else 1, persistent=persistent,
+                          splits=c.splits if mode == SPLIT_LAST_REDUCES else 1, persistent=c.programs_per_sm > 0,
                           ws=c.warp_specialize, warps=c.num_warps, stages=c.num_stages, a_bf16=c.quantize_in_gemm)
                 variants.setdefault(tuple(kw.items()), kw)
     import triton

@@ -166,11 +166,8 @@ def test_wav_bytes_header_and_round_trip():
     assert np.abs(load_audio(data, 24_000) - x).max() < 1.5 / 32767
 
 
-def stdlib_wav(extensible: bytes) -> bytes:
+def stdlib_wav(extensible: bytes, channels: int, rate: int, width: int) -> bytes:
     """A WAVE_FORMAT_EXTENSIBLE file's samples rewritten under a plain PCM header."""
-    with av.open(io.BytesIO(extensible)) as c:
-        s = c.streams.audio[0]
-        channels, rate, width = s.codec_context.channels, s.codec_context.sample_rate, int(s.codec_context.name[-4:-2]) // 8
     data = extensible[extensible.index(b"data") + 8:]
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
@@ -195,7 +192,7 @@ def test_plain_pcm_wav_decodes_without_pyav_to_ffmpegs_samples(codec, channels, 
     data = encode(x, rate, "wav", codec)
     if codec in ("pcm_s24le", "pcm_s32le"):  # FFmpeg writes those as WAVE_FORMAT_EXTENSIBLE,
         assert audio._decode_pcm_wav(data, 60.0) is None  # which the stdlib leaves to PyAV;
-        data = stdlib_wav(data)  # the same samples in a plain PCM header
+        data = stdlib_wav(data, channels, rate, int(codec[5:7]) // 8)  # the same samples, a plain PCM header
     assert audio._decode_pcm_wav(data, 60.0) is not None  # the stdlib path takes it
     ours = load_audio(data, rate)
     with monkeypatch.context() as m:

@@ -280,6 +280,7 @@ def test_sampling_heads_give_fp32_logits_of_the_bf16_values():
     assert torch.equal(exact, h.float() @ w.float().T)
     assert not torch.equal(exact, (h @ w.T).float())  # what bf16 logits would have been
 
+
 def test_agreement_against_a_baseline_on_the_fp8_grid(capsys, monkeypatch):
     """fp8_agreement --fp8-grid-baseline: the count of FP8 against bf16 whose weights are
     already on the FP8 grid (the weights' rounding taken out; the activations' left)."""
