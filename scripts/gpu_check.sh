@@ -617,16 +617,17 @@ codecsms)
     ab_loads sms 16,64,64 400 ${VARIANTS:-default sms32:--codec-sms=32}
     ;;
 issue5ab)
-    # issue 5's two unmeasured answers to the c=64 gaps and contention in one call, all on
-    # one machine: the codec confined to 32 SMs' green context (--codec-sms) and a turn's
-    # first frames cutting the codec's round short (--codec-cut-in), each against the
-    # default, bf16, c=64 three times (c=16 left out: the gaps and the contention are at
-    # c=64); the confinement's GPU test and what it costs a 64-stream codec call first
-    # (~8 min). Leaves out codecsms' 48-SM and batch-16 profile rows to fit one call.
-    timeout 60 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined" 2>&1 | tail -3 | tee "$out/gpu_tests.log"
-    timeout 50 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --sms 0,32 \
+    # issue 5's unmeasured answers to the c=64 contention and gaps in one call, all on one
+    # machine, each against the default, bf16, c=64 twice (c=16 left out: the gaps and the
+    # contention are at c=64): the codec confined to 32 SMs (--codec-sms), the codec's calls
+    # and the decode steps taking turns (--codec-alternate, engine/alternation.py), a turn's
+    # first frames cutting the codec's round short (--codec-cut-in). Their GPU tests first;
+    # what confinement costs a 64-stream codec call last, if time is left (~9 min)
+    timeout 60 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined or taking_turns or never_syncs" 2>&1 \
+        | tail -3 | tee "$out/gpu_tests.log"
+    ab_loads ab 64,64 420 ${VARIANTS:-default sms32:--codec-sms=32 alternate:--codec-alternate cutin:--codec-cut-in}
+    timeout 45 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --sms 0,32 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tail -8 | tee "$out/codec_sms.log"
-    ab_loads ab 64,64,64 400 ${VARIANTS:-default cutin:--codec-cut-in sms32:--codec-sms=32}
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the
