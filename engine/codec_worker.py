@@ -198,10 +198,6 @@ class CodecWorker:
         # host time by phase (engine/timeshare.py): waiting for work, in decode calls (to
         # the PCM on the host), the rest (policy, splitting, callbacks)
         self.phases = Phases("idle", "decode", "deliver")
-        # the decode steps and these calls take turns on the GPU when set (engine/alternation.py;
-        # the engine sets it, EngineConfig.codec_alternate); a segment end's drain of
-        # held-back hops (one small call) does not wait
-        self.alternation = None
         self.gpu_s = 0.0  # GPU seconds of the decode calls (graph replays), by timing events
         self.on_error = None  # callable(owner, exc), set by the engine
 
@@ -472,13 +468,9 @@ class CodecWorker:
         with self._on_stream():
             g.slots.copy_(staged[:b], non_blocking=True)
             g.codes.copy_(staged[b:].view(g.codes.shape), non_blocking=True)
-            if self.alternation is not None:  # after the decode steps so far (engine/alternation.py)
-                self.alternation.before_codec(self.stream)
             self._call_began.record(self.stream)
             g.graph.replay()
             self._call_ended.record(self.stream)
-            if self.alternation is not None:
-                self.alternation.after_codec(self.stream)
             audio.copy_(g.audio, non_blocking=True)
         self.stream.synchronize()  # the staging buffers are reused by the next call
         self.gpu_s += self._call_began.elapsed_time(self._call_ended) / 1000
@@ -488,12 +480,9 @@ class CodecWorker:
     def _eager(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         self.phases.to("decode")
         with self._on_stream():
-            if self.alternation is not None:
-                self.alternation.before_codec(self.stream)
-            pcm = self.decoder.decode(torch.tensor(slots, device=self.device), torch.from_numpy(codes).to(self.device))
-            if self.alternation is not None:
-                self.alternation.after_codec(self.stream)
-            pcm = pcm.float().cpu().numpy()
+            pcm = self.decoder.decode(
+                torch.tensor(slots, device=self.device), torch.from_numpy(codes).to(self.device)
+            ).float().cpu().numpy()
         self.phases.to("deliver")
         return pcm
 

@@ -112,14 +112,10 @@ class EngineConfig:
     # the codec worker's kernels confined to this many SMs (a CUDA green context,
     # engine/green.py), so the decode step's kernels always find the other SMs free of
     # codec blocks: measured on an H200 at 64 connections, the step took 13.6 ms beside the
-    # codec against 8.6 alone. 0: the codec shares every SM (the default; not yet
-    # measured on a GPU). CUDA only.
+    # codec against 8.6 alone. 0: the codec shares every SM (the default). 32 of an
+    # H100's 132 measured 0.24x the frames/s at 64 connections: the confined codec could
+    # not keep up (engine/green.py). CUDA only.
     codec_sms: int = 0
-    # the codec's calls and the decode steps take turns on the GPU (stream waits, no host
-    # waits; engine/alternation.py): beside the codec's calls the step at 64 connections
-    # took 13.6-14.8 ms against 8.6 alone on an H200, far more than the codec's own ~2 ms
-    # a step. Off: not yet measured on a GPU. CUDA only.
-    codec_alternate: bool = False
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same
     # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
@@ -245,10 +241,6 @@ class Engine:
                                  snake_kernel=None if c.codec_kernels != "off" else False,
                                  state_kernels=None if c.codec_kernels == "all" else False,
                                  cut_in=c.codec_cut_in and not c.naive, sms=0 if c.naive else c.codec_sms)
-        if c.codec_alternate and not c.naive:
-            from engine.alternation import GpuAlternation
-
-            self.runner.alternation = self.codec.alternation = GpuAlternation(self.runner.device)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

@@ -7,8 +7,12 @@ lower-priority stream changed that by 4% (running blocks keep their SMs whatever
 priority; latency_bench/reference/h200-s2pro/priority). A green context confines the
 codec's kernels to `num_sms` SMs, while the decode and prefill kernels (the primary
 context) may still use every SM: they always find the rest free of codec blocks. The cost
-is a codec with fewer SMs for its own calls (`EngineConfig.codec_sms`, off by default;
-not yet measured: `bash scripts/gpu_check.sh codecsms`).
+is a codec with fewer SMs for its own calls (`EngineConfig.codec_sms`, off by default).
+Measured at 32 SMs on an H100 (132 SMs), 64 connections, against the default in the same
+call (2026-12-06, `latency_bench/reference/h100-s2pro/codec-contention/`): 0.24x the
+frames/s. The confined codec took 1.11 ms of GPU a frame against 0.20 and could not keep
+up, so turns waited for their audio (TTFA p50 14-16 s). More SMs are unmeasured
+(`bash scripts/gpu_check.sh issue5ab` tries 96).
 
 How: `torch.cuda.green_contexts.GreenContext` (torch >= 2.10, a CUDA driver with green
 contexts). Where it makes streams itself (`GreenContext.Stream()`, torch >= 2.12) that

@@ -199,9 +199,6 @@ class Runner:
         # its last on the decode stream, waits behind the codec's and prefill's kernels
         # included (timing events; engine stats and latency_bench's load shares)
         self.decode_gpu_s = 0.0
-        # the decode steps and the codec's calls take turns on the GPU when set
-        # (engine/alternation.py; the engine sets it, EngineConfig.codec_alternate)
-        self.alternation = None
         if self.cuda:
             self.decode_stream = torch.cuda.Stream(dev)
             # high priority: a prefill is short and someone is waiting for its first audio,
@@ -571,8 +568,6 @@ class Runner:
         bucket = self.bucket_for(n)
         with torch.cuda.stream(self.decode_stream) if self.cuda else nullcontext():
             started = None
-            if self.alternation is not None:  # after the codec's calls so far (engine/alternation.py)
-                self.alternation.before_step(self.decode_stream)
             if self.cuda:
                 started = torch.cuda.Event(enable_timing=True)
                 started.record(self.decode_stream)
@@ -593,8 +588,6 @@ class Runner:
             if self.cuda:
                 event = torch.cuda.Event(enable_timing=True)
                 event.record(self.decode_stream)
-            if self.alternation is not None:
-                self.alternation.after_step(self.decode_stream)
         return StepHandle(parity, n, event, started)
 
     def read(self, handle: StepHandle) -> np.ndarray:

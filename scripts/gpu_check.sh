@@ -43,6 +43,7 @@
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
 #   bash scripts/gpu_check.sh codecsms   # the codec on a green context of N SMs: GPU test, call times on 0/32/48 SMs, load c=16,64x2 default vs --codec-sms=32 (~8 min)
+#   bash scripts/gpu_check.sh issue5ab   # load c=64x2 bf16: default vs --codec-cut-in vs --codec-sms=96, same call (~8 min; 2026-12-06: sms32 0.24x, alternation 0.16x)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -617,16 +618,19 @@ codecsms)
     ab_loads sms 16,64,64 400 ${VARIANTS:-default sms32:--codec-sms=32}
     ;;
 issue5ab)
-    # issue 5's unmeasured answers to the c=64 contention and gaps in one call, all on one
-    # machine, each against the default, bf16, c=64 twice (c=16 left out: the gaps and the
-    # contention are at c=64): the codec confined to 32 SMs (--codec-sms), the codec's calls
-    # and the decode steps taking turns (--codec-alternate, engine/alternation.py), a turn's
-    # first frames cutting the codec's round short (--codec-cut-in). Their GPU tests first;
-    # what confinement costs a 64-stream codec call last, if time is left (~9 min)
-    timeout 60 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined or taking_turns or never_syncs" 2>&1 \
-        | tail -3 | tee "$out/gpu_tests.log"
-    ab_loads ab 64,64 420 ${VARIANTS:-default sms32:--codec-sms=32 alternate:--codec-alternate cutin:--codec-cut-in}
-    timeout 45 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --sms 0,32 \
+    # issue 5's answers to the c=64 contention and gaps in one call, all on one machine,
+    # each against the default, bf16, c=64 twice (the gaps and the contention are at c=64).
+    # 2026-12-06 on an H100 (latency_bench/reference/h100-s2pro/codec-contention/): the
+    # codec confined to 32 SMs gave 0.24x the frames/s (the codec became the bottleneck:
+    # 1.11 ms of GPU a frame against 0.20) and the codec's calls taking turns with the
+    # decode steps (not kept: codec-alternate.diff there) 0.16x (one codec call per step).
+    # Not yet measured: --codec-cut-in, and a confinement that leaves the codec most SMs.
+    # The confinement's GPU test first; what confinement costs a 64-stream codec call
+    # last, if time is left (~8 min)
+    timeout 90 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined" > "$out/gpu_tests.log" 2>&1
+    grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
+    ab_loads ab 64,64 420 ${VARIANTS:-default cutin:--codec-cut-in sms96:--codec-sms=96}
+    timeout 45 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --sms 0,96 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tail -8 | tee "$out/codec_sms.log"
     ;;
 retest)

@@ -381,23 +381,6 @@ def test_codec_sms_needs_a_cuda_device(codec, capsys):
         EngineConfig(codec_sms=-1)
 
 
-def test_codec_alternate_needs_a_cuda_device(capsys):
-    """--codec-alternate orders GPU streams (engine/alternation.py): on a CPU the service
-    refuses it at startup with the reason, and so does the alternation itself. (On a GPU:
-    tests/test_gpu.py, the engine's frames with it.)"""
-    from engine.alternation import GpuAlternation
-    from realtime.config import parse_args
-
-    if torch.cuda.is_available():
-        pytest.skip("the CPU refusal; a GPU takes the option")
-    assert not parse_args([]).engine.codec_alternate
-    with pytest.raises(SystemExit):
-        parse_args(["--codec-alternate"])
-    assert "--codec-alternate orders the codec's and the decode step's work on a CUDA device" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="CUDA device"):
-        GpuAlternation("cpu")
-
-
 @pytest.mark.parametrize("hold", [0.3, None])
 def test_a_turns_first_audio_waits_for_first_frames(codec, hold):
     """With first_frames 2 a turn's first audio is two frames (one call), later frames

@@ -63,15 +63,8 @@ def test_graphs_and_kernel_match_the_eager_reference(bundle):
         assert np.array_equal(np.stack(a), np.stack(b))
 
 
-@pytest.mark.parametrize("alternate", [False, True])
-def test_decode_loop_never_syncs_the_host(bundle, alternate):
-    """Also with the decode steps waiting for the codec's calls (engine/alternation.py):
-    those are stream waits, not host waits."""
-    from engine.alternation import GpuAlternation
-
+def test_decode_loop_never_syncs_the_host(bundle):
     runner = Runner(bundle, 8, 512, cuda_graphs=True, attention_kernel=True)
-    if alternate:
-        runner.alternation = GpuAlternation("cuda")
     slots = []
     for i, text in enumerate(TEXTS):
         runner.prefill_segment(i, 0, bundle.prompts.full(None, text), GREEDY)
@@ -92,15 +85,6 @@ def test_engine_with_graphs_batched_equals_alone(bundle):
     from test_engine import check_batched_equals_alone
 
     check_batched_equals_alone(bundle)  # the engine picks CUDA graphs on a GPU
-
-
-def test_engine_with_the_codec_taking_turns_batched_equals_alone(bundle):
-    """EngineConfig.codec_alternate: the decode steps and the codec's calls ordered by
-    stream waits (engine/alternation.py) neither stall nor change a stream's frames or
-    its audio's length."""
-    from test_engine import check_batched_equals_alone
-
-    check_batched_equals_alone(bundle, codec_alternate=True)
 
 
 def test_the_prefills_second_frame_graph_is_the_decode_graphs_step(bundle):
