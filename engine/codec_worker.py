@@ -130,11 +130,29 @@ def chunk_sizes(max_chunk: int) -> tuple[int, ...]:
     return tuple(c for c in reversed(CHUNK_CHOICES) if c <= max_chunk)
 
 
+def batch_buckets(max_streams: int, step: int = 0) -> list[int]:
+    """The batch sizes the worker's calls are padded to (each with every chunk size: one
+    cuDNN plan and one CUDA graph a pair), smallest first, the last max_streams. step 0:
+    powers of two. step N (a power of two): powers of two up to N, then every multiple of
+    N. Why finer steps: a call's rows past its streams are padding that costs the codec
+    the same as a stream's (33 streams x 4 frames ran as 64 x 4, nearly half of it
+    padding), and at 64 connections the codec is what the decode step waits beside."""
+    if max_streams < 1:
+        raise ValueError(f"a codec worker needs at least one stream, got {max_streams}")
+    if step and (step < 1 or step & (step - 1) or step > 512):
+        raise ValueError(f"the codec's bucket step must be 0 (powers of two) or a power of two up to 512, got {step}")
+    sizes = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < max_streams and (not step or b <= step)]
+    if step:
+        sizes += range(2 * step, max_streams, step)
+    return sizes + [max_streams]
+
+
 class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
         snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
         release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False, sms: int = 0,
+        bucket_step: int = 0,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         if first_frames not in self.chunks:
@@ -163,7 +181,7 @@ class CodecWorker:
         self._leads: dict[int, _Lead] = {}  # slot -> its current turn's lead
         self.clock = time.monotonic  # seconds (tests replace it)
         self.scratch = max_streams  # the slot padding rows point at
-        self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < max_streams] + [max_streams]
+        self.buckets = batch_buckets(max_streams, bucket_step)
         self.num_codebooks = codec.num_codebooks
         self.device = self.decoder.device
         # its own CUDA stream: work on the legacy default stream would serialize with the
@@ -194,6 +212,7 @@ class CodecWorker:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="codec", daemon=True)
         self.frames_decoded = 0
+        self.frames_padded = 0  # frames of the padding rows (scratch slot) of those calls
         self.calls = 0
         # host time by phase (engine/timeshare.py): waiting for work, in decode calls (to
         # the PCM on the host), the rest (policy, splitting, callbacks)
@@ -527,6 +546,7 @@ class CodecWorker:
                 continue
             self.calls += 1
             self.frames_decoded += n * len(part)
+            self.frames_padded += n * (bucket - len(part))
             now = self.clock()
             for row, s in enumerate(part):
                 frames = chunks[s]

@@ -30,7 +30,7 @@ import torch
 
 from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
-from engine.codec_worker import CHUNKS, CodecWorker, chunk_sizes
+from engine.codec_worker import CHUNKS, CodecWorker, batch_buckets, chunk_sizes
 from engine.kv_cache import KV_QUANTS
 from engine.prompt import Reference, Voice
 from engine.runner import MAX_PREFILL_BATCH, Runner
@@ -116,6 +116,10 @@ class EngineConfig:
     # H100's 132 measured 0.24x the frames/s at 64 connections: the confined codec could
     # not keep up (engine/green.py). CUDA only.
     codec_sms: int = 0
+    # the codec calls' batch sizes (engine/codec_worker.py batch_buckets): 0, powers of two
+    # (the default, measured); N, powers of two up to N and then every multiple of N, so
+    # fewer of a call's rows are padding (more CUDA graphs; not yet measured on a GPU)
+    codec_bucket_step: int = 0
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same
     # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
@@ -142,6 +146,10 @@ class EngineConfig:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
         if not 0 <= self.codec_sms <= 1024:
             raise ValueError(f"codec_sms must be 0 (every SM) or a count of SMs, got {self.codec_sms}")
+        try:
+            batch_buckets(self.max_running + 1, self.codec_bucket_step)
+        except ValueError as e:
+            raise ValueError(f"codec_bucket_step: {e}") from None
 
 
 @dataclass(slots=True)
@@ -240,7 +248,8 @@ class Engine:
                                  release_interval_s=c.codec_release_interval_s,
                                  snake_kernel=None if c.codec_kernels != "off" else False,
                                  state_kernels=None if c.codec_kernels == "all" else False,
-                                 cut_in=c.codec_cut_in and not c.naive, sms=0 if c.naive else c.codec_sms)
+                                 cut_in=c.codec_cut_in and not c.naive, sms=0 if c.naive else c.codec_sms,
+                                 bucket_step=c.codec_bucket_step)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())
@@ -355,6 +364,7 @@ class Engine:
             "codec_calls": self.codec.calls,
             "codec_cuts": self.codec.cuts,
             "codec_frames": self.codec.frames_decoded,
+            "codec_padded_frames": self.codec.frames_padded,
             "codec_gpu_seconds": round(self.codec.gpu_s, 6),
             **self.codec.phases.snapshot("codec"),
         }

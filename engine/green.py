@@ -12,7 +12,7 @@ Measured at 32 SMs on an H100 (132 SMs), 64 connections, against the default in 
 call (2026-12-06, `latency_bench/reference/h100-s2pro/codec-contention/`): 0.24x the
 frames/s. The confined codec took 1.11 ms of GPU a frame against 0.20 and could not keep
 up, so turns waited for their audio (TTFA p50 14-16 s). More SMs are unmeasured
-(`bash scripts/gpu_check.sh issue5ab` tries 96).
+(`VARIANTS="default sms96:--codec-sms=96" bash scripts/gpu_check.sh issue5ab`).
 
 How: `torch.cuda.green_contexts.GreenContext` (torch >= 2.10, a CUDA driver with green
 contexts). Where it makes streams itself (`GreenContext.Stream()`, torch >= 2.12) that

@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                    help="confine the codec's kernels to N SMs (a CUDA green context) so the decode step keeps the "
                         "rest; 0: every SM (default). CUDA only; 32 of an H100's 132 measured 0.24x the frames/s at 64 "
                         "connections (the codec could not keep up)")
+    p.add_argument("--codec-bucket-step", type=int, default=0, metavar="N",
+                   help="the codec calls' batch sizes: 0, powers of two (default); N (a power of two), powers of "
+                        "two up to N and then every multiple of N, so fewer rows of a call are padding (more CUDA "
+                        "graphs; not yet measured on a GPU)")
     p.add_argument("--codec-cut-in", action="store_true",
                    help="a frame of a stream near the start of its audio cuts the codec's round in progress short "
                         "(its remaining calls go out after that frame's): fewer gaps early in a reply under load "
@@ -133,6 +137,7 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv, pdl=a.pdl,
             codec_release_interval_s=a.codec_release_interval,
             codec_kernels=a.codec_kernels, codec_cut_in=a.codec_cut_in, codec_sms=a.codec_sms,
+            codec_bucket_step=a.codec_bucket_step,
             cpu_threads=a.cpu_threads or None,
         ),
         limits=Limits(

@@ -43,7 +43,7 @@
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
 #   bash scripts/gpu_check.sh codecsms   # the codec on a green context of N SMs: GPU test, call times on 0/32/48 SMs, load c=16,64x2 default vs --codec-sms=32 (~8 min)
-#   bash scripts/gpu_check.sh issue5ab   # load c=64x2 bf16: default vs --codec-cut-in vs --codec-sms=96, same call (~8 min; 2026-12-06: sms32 0.24x, alternation 0.16x)
+#   bash scripts/gpu_check.sh issue5ab   # load c=64x2 bf16: default vs --codec-cut-in vs --codec-bucket-step=8, same call (~8 min; 2026-12-06: sms32 0.24x, alternation 0.16x)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -122,9 +122,10 @@ shares_lines() {
     python3 -c "import json; r = json.load(open('$1'))['runs']['engine']
 for lv in r:
     s, u = lv.get('engine_shares') or {}, lv.get('underrun_at_audio_s') or {}
-    print('  c=%d step %.2f ms (GPU %.2f) batch %.1f, codec GPU %.0f%%, underruns at %.3f s of audio (p50)' % (
+    print('  c=%d step %.2f ms (GPU %.2f) batch %.1f, codec GPU %.0f%% (%.2f ms a frame, %.0f%% padding), underruns at %.3f s of audio (p50)' % (
           lv['concurrency'], s.get('step_interval_ms', 0), s.get('decode_gpu_ms_per_step', 0), s.get('mean_batch', 0),
-          100 * s.get('codec_gpu_share', 0), u.get('p50') or 0) + (', %d codec rounds cut short' % s['codec_cuts']
+          100 * s.get('codec_gpu_share', 0), s.get('codec_gpu_ms_per_frame', 0), 100 * s.get('codec_padding', 0),
+          u.get('p50') or 0) + (', %d codec rounds cut short' % s['codec_cuts']
           if s.get('codec_cuts') else ''))" 2>&1 | tail -5
 }
 # load runs of the reference workload in bf16, one server per variant, in one call:
@@ -624,12 +625,14 @@ issue5ab)
     # codec confined to 32 SMs gave 0.24x the frames/s (the codec became the bottleneck:
     # 1.11 ms of GPU a frame against 0.20) and the codec's calls taking turns with the
     # decode steps (not kept: codec-alternate.diff there) 0.16x (one codec call per step).
-    # Not yet measured: --codec-cut-in, and a confinement that leaves the codec most SMs.
-    # The confinement's GPU test first; what confinement costs a 64-stream codec call
-    # last, if time is left (~8 min)
+    # Next: --codec-cut-in and --codec-bucket-step 8 (codec calls padded to multiples of 8
+    # past 8 rows, not powers of two: less padding work; the shares lines print the
+    # padding share of every arm). VARIANTS="... sms96:--codec-sms=96" tries a confinement
+    # that leaves the codec most SMs. The confinement's GPU test first; what confinement
+    # costs a 64-stream codec call last, if time is left (~8 min)
     timeout 90 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined" > "$out/gpu_tests.log" 2>&1
     grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
-    ab_loads ab 64,64 420 ${VARIANTS:-default cutin:--codec-cut-in sms96:--codec-sms=96}
+    ab_loads ab 64,64 420 ${VARIANTS:-default cutin:--codec-cut-in bucket8:--codec-bucket-step=8}
     timeout 45 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --sms 0,96 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tail -8 | tee "$out/codec_sms.log"
     ;;

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.bundle import load_bundle
-from engine.codec_worker import CHUNKS, CodecWorker, _Cut, _End, _Frame, chunk_sizes
+from engine.codec_worker import CHUNKS, CodecWorker, _Cut, _End, _Frame, batch_buckets, chunk_sizes
 from engine.engine import EngineConfig
 
 
@@ -347,6 +347,36 @@ def test_a_cut_round_puts_its_rest_back_ahead_of_the_streams_later_frames(codec,
     assert events[-1] == "end" and "end" not in events[:-1]
 
 
+def test_batch_buckets_are_powers_of_two_or_steps_past_them():
+    assert batch_buckets(65) == [1, 2, 4, 8, 16, 32, 64, 65]
+    assert batch_buckets(65, 8) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 65]
+    assert batch_buckets(64, 16) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert batch_buckets(3, 8) == [1, 2, 3] and batch_buckets(1) == [1]
+    for step in (3, 12, -8, 1024):
+        with pytest.raises(ValueError, match="power of two"):
+            batch_buckets(65, step)
+    with pytest.raises(ValueError, match="codec_bucket_step"):
+        EngineConfig(codec_bucket_step=6)
+
+
+@pytest.mark.parametrize("step", [0, 2])
+def test_padding_rows_are_counted_and_never_heard(codec, step):
+    """Five streams' first frames go out in one call padded to the next batch bucket (7
+    with powers of two, 6 with steps of 2): the padding is counted (engine stats, the load
+    benchmark's shares), and each stream hears exactly the audio it hears alone."""
+    worker = CodecWorker(codec, 7, hold_lead_s=None, bucket_step=step)
+    codes = np.random.default_rng(4).integers(0, 64, (5, codec.num_codebooks))
+    listeners = [Recorder() for _ in range(5)]
+    worker._process([[_Frame(r, slot, 1, codes[slot]) for slot, r in enumerate(listeners)]])
+    assert worker.calls == 1 and worker.frames_decoded == 5
+    assert worker.frames_padded == {0: 2, 2: 1}[step]
+    for slot, r in enumerate(listeners):
+        alone = Recorder()
+        CodecWorker(codec, 7, hold_lead_s=None)._process([_Frame(alone, slot, 1, codes[slot])])
+        # (batched CPU convs sum in another order than one row alone: ~1e-4 apart)
+        np.testing.assert_allclose(r.turn(1), alone.turn(1), atol=1e-3)
+
+
 def test_service_flags_set_the_codec_policy():
     from realtime.config import parse_args
 
@@ -358,6 +388,10 @@ def test_service_flags_set_the_codec_policy():
         parse_args(["--codec-max-chunk", "5"])
     assert parse_args(["--codec-cut-in"]).engine.codec_cut_in and not parse_args([]).engine.codec_cut_in
     assert parse_args([]).engine.codec_sms == 0
+    assert parse_args(["--codec-bucket-step", "8"]).engine.codec_bucket_step == 8
+    assert parse_args([]).engine.codec_bucket_step == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--codec-bucket-step", "6"])
 
 
 def test_codec_sms_needs_a_cuda_device(codec, capsys):

@@ -145,7 +145,7 @@ def test_engine_shares_from_two_scrapes_of_metrics():
         stats = {"decode_steps": steps, "decode_rows": rows, "decode_gpu_seconds": gpu, "decode_wait_seconds": wait,
                  "decode_idle_seconds": idle, "prefill_idle_seconds": idle, "codec_idle_seconds": codec_idle,
                  "codec_gpu_seconds": gpu / 4, "codec_frames": frames, "codec_calls": calls, "frames": frames,
-                 "streams_decoding": 3}
+                 "codec_padded_frames": frames // 4, "streams_decoding": 3}
         return Metrics().render(stats)
 
     before = parse_engine(page(100, 400, 1.0, 0.5, 2.0, 1.0, 500, 50))
@@ -157,7 +157,8 @@ def test_engine_shares_from_two_scrapes_of_metrics():
     assert s["decode_ms_per_step"]["wait"] == pytest.approx(5) and s["decode_busy"] == pytest.approx(0.9)
     assert s["codec_busy"] == pytest.approx(0.75) and s["codec_gpu_share"] == pytest.approx(0.2)
     assert s["codec_frames_per_call"] == 8 and s["codec_gpu_ms_per_frame"] == pytest.approx(0.5)
-    assert "step 10.00 ms (GPU 8.00" in shares_line(s)
+    assert s["codec_padding"] == pytest.approx(200 / 1000)  # 200 padded frames beside 800 decoded
+    assert "step 10.00 ms (GPU 8.00" in shares_line(s) and "20% padding" in shares_line(s)
     assert level_shares(before, before, 2.0) is None  # nothing decoded
     assert level_shares({"decode_steps": 1}, {"decode_steps": 5}, 2.0) is None  # a build without the counters
     assert metrics_url("ws://127.0.0.1:8765/v1/tts/live") == "http://127.0.0.1:8765/metrics"
