@@ -179,3 +179,22 @@ def test_codec_flops_a_frame_do_not_depend_on_the_call_shape():
     assert four["total"] > 0 and abs(four["total"] - one["total"]) <= 1e-6 * four["total"]
     assert four["by_op"]["convolution"] == max(four["by_op"].values())
     assert abs(sum(four["by_op"].values()) - four["total"]) <= 1e-6 * four["total"]
+
+
+def test_codec_policy_model_orders_the_policies(capsys):
+    """latency_bench.codec_policy_model runs the worker's real policy code on a modeled
+    GPU: steps of 8 rows pad less than powers of two with the same calls, a shared
+    release makes fewer and fuller calls, and the table prints every policy."""
+    from engine.bundle import load_bundle
+    from latency_bench.codec_policy_model import POLICIES, Workload, main, model
+
+    codec = load_bundle("tiny", "cpu", torch.float32).codec
+    work = Workload(seconds=4.0)
+    default, step8 = model(codec, work), model(codec, work, bucket_step=8)
+    released = model(codec, work, release_interval_s=0.05)
+    assert default["calls"] == step8["calls"] > 0 and step8["padding"] < default["padding"]
+    assert released["calls"] < default["calls"] and released["frames_per_call"] > default["frames_per_call"]
+    assert step8["codec_ms_per_frame"] < default["codec_ms_per_frame"]
+    assert main(["--seconds", "1", "--streams", "8"]) == 0
+    table = capsys.readouterr().out
+    assert all(name in table for name in POLICIES)
