@@ -43,7 +43,7 @@
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
 #   bash scripts/gpu_check.sh codecsms   # the codec on a green context of N SMs: GPU test, call times on 0/32/48 SMs, load c=16,64x2 default vs --codec-sms=32 (~8 min)
-#   bash scripts/gpu_check.sh issue5ab   # load c=64x2 bf16: default vs release 50 ms + bucket step 8 vs --codec-cut-in, same call (~8 min; 2026-12-06: sms32 0.24x, alternation 0.16x)
+#   bash scripts/gpu_check.sh issue5ab   # load c=64x2 bf16: default vs release 50 ms + bucket step 8 + cut-in vs cut-in, same call (~8 min; 2026-12-06: sms32 0.24x, alternation 0.16x)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -627,13 +627,15 @@ issue5ab)
     # decode steps (not kept: codec-alternate.diff there) 0.16x (one codec call per step).
     # Next: a shared release every 50 ms with calls padded to multiples of 8 rows past 8
     # (--codec-release-interval 0.05 --codec-bucket-step 8: 0.76x the codec's time a frame
-    # in python -m latency_bench.codec_policy_model, bucket step alone 0.96x), and
-    # --codec-cut-in; the shares lines print each arm's padding share. VARIANTS="...
+    # in python -m latency_bench.codec_policy_model, bucket step alone 0.96x; the release
+    # alone, H200 2026-12-03: +9% per stream at c=64 but turn starts waited between its
+    # rounds) with --codec-cut-in for those turn starts, and cut-in alone; the shares lines
+    # print each arm's padding share. VARIANTS="...
     # sms96:--codec-sms=96" tries a confinement that leaves the codec most SMs. The confinement's GPU test first; what confinement
     # costs a 64-stream codec call last, if time is left (~8 min)
     timeout 90 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined" > "$out/gpu_tests.log" 2>&1
     grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
-    ab_loads ab 64,64 420 ${VARIANTS:-default rel50step8:--codec-release-interval=0.05,--codec-bucket-step=8 cutin:--codec-cut-in}
+    ab_loads ab 64,64 420 ${VARIANTS:-default rel50step8cut:--codec-release-interval=0.05,--codec-bucket-step=8,--codec-cut-in cutin:--codec-cut-in}
     timeout 45 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --sms 0,96 \
         --out "$out/profile_codec" 2>&1 | grep -v Warn | tail -8 | tee "$out/codec_sms.log"
     ;;
