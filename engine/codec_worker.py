@@ -139,7 +139,7 @@ def batch_buckets(max_streams: int, step: int = 0) -> list[int]:
     padding), and at 64 connections the codec is what the decode step waits beside."""
     if max_streams < 1:
         raise ValueError(f"a codec worker needs at least one stream, got {max_streams}")
-    if step and (step < 1 or step & (step - 1) or step > 512):
+    if step < 0 or step & (step - 1) or step > 512:  # 0 passes: powers of two throughout
         raise ValueError(f"the codec's bucket step must be 0 (powers of two) or a power of two up to 512, got {step}")
     sizes = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b < max_streams and (not step or b <= step)]
     if step:

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from engine.bundle import load_bundle
+from engine.codec.config import CodecConfig
 from engine.codec_worker import CodecWorker, _End, _Frame
 
-FRAME_S = 2048 / 44100  # s2-pro's codec: one frame of audio
+FRAME_S = 1 / CodecConfig().frame_rate  # the release codec's (s2-pro's) frame of audio
 # the worker's keyword arguments of each policy compared (the first is the service's default)
 POLICIES = {
     "default": {},
@@ -69,7 +70,7 @@ class _Owner:
 def model(codec: torch.nn.Module, work: Workload, **policy) -> dict:
     """Run the policy over the workload; calls, frames a call, the padding share of the
     computed frames, and the modeled codec time a frame and share of the wall time."""
-    worker = CodecWorker(codec, work.streams + 1, **{"hold_lead_s": 0.3, **policy})
+    worker = CodecWorker(codec, work.streams + 1, **policy)
     worker.frame_s = FRAME_S
     now = [0.0]
     busy = [0.0]

@@ -53,10 +53,6 @@ def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
         return None
 
 
-def _share(part: float, rest: float) -> float:
-    return part / (part + rest) if part + rest > 0 else 0.0
-
-
 def level_shares(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict | None:
     """Per-step times (ms) and thread shares of one level, from two scrapes around it;
     None when the service does not count these (an older build) or nothing decoded."""
@@ -72,6 +68,7 @@ def level_shares(before: dict[str, float], after: dict[str, float], wall_s: floa
         return 1 - d.get(f"{prefix}_idle_seconds", 0.0) / wall_s
 
     calls = d.get("codec_calls", 0.0)
+    computed = d.get("codec_frames", 0.0) + d.get("codec_padded_frames", 0.0)  # padding rows too
     return {
         "decode_steps": int(steps),
         "mean_batch": d.get("decode_rows", 0.0) / steps,
@@ -86,7 +83,7 @@ def level_shares(before: dict[str, float], after: dict[str, float], wall_s: floa
         "codec_cuts": int(d.get("codec_cuts", 0.0)),  # rounds cut short (EngineConfig.codec_cut_in)
         "codec_frames_per_call": d.get("codec_frames", 0.0) / calls if calls else 0.0,
         # of the frames the codec's calls computed, the share that was padding rows
-        "codec_padding": _share(d.get("codec_padded_frames", 0.0), d.get("codec_frames", 0.0)),
+        "codec_padding": d.get("codec_padded_frames", 0.0) / computed if computed else 0.0,
         "codec_gpu_ms_per_frame": 1000 * d.get("codec_gpu_seconds", 0.0) / d["codec_frames"] if d.get("codec_frames") else 0.0,
     }
 
@@ -97,5 +94,5 @@ def shares_line(s: dict) -> str:
             f"launch {m['launch']:.2f}, wait {m['wait']:.2f}, emit {m['emit']:.2f}) at batch {s['mean_batch']:.1f}; "
             f"busy: decode {s['decode_busy']:.0%}, prefill {s['prefill_busy']:.0%}, codec {s['codec_busy']:.0%} "
             f"(GPU {s['codec_gpu_share']:.0%}, {s['codec_frames_per_call']:.1f} frames/call, "
-            f"{s.get('codec_padding', 0.0):.0%} padding, "
+            f"{s['codec_padding']:.0%} padding, "
             f"{s['codec_gpu_ms_per_frame']:.3f} ms/frame)")
