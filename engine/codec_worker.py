@@ -151,8 +151,8 @@ class CodecWorker:
     def __init__(
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
         snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
-        release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False, sms: int = 0,
-        bucket_step: int = 0,
+        release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False,
+        bucket_step: int = 0, silent: bool = False,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         if first_frames not in self.chunks:
@@ -177,6 +177,10 @@ class CodecWorker:
         self._after_cut = False  # the last round was cut short: the next one runs whole
         self.cuts = 0  # rounds cut short
         self.frame_s = codec.hop_length / codec.sample_rate  # audio per frame
+        # a diagnosis, never for serving: every call returns silence of the right length
+        # without touching the GPU, so a load run shows what the decode loop gives with no
+        # codec work beside it (EngineConfig.codec_silent)
+        self.silent = silent
         self._held: OrderedDict[int, list[_Frame]] = OrderedDict()  # slot -> frames not yet decoded
         self._leads: dict[int, _Lead] = {}  # slot -> its current turn's lead
         self.clock = time.monotonic  # seconds (tests replace it)
@@ -188,16 +192,7 @@ class CodecWorker:
         # decode and prefill streams
         # (high priority: audio someone waits for, in short calls; ahead of decode kernels.
         # Bulk calls behind the decode step were measured and dropped: module docstring)
-        # `sms` > 0: instead the stream of a green context of that many SMs (engine/green.py;
-        # no priority there), so the codec's calls never hold the other SMs
-        self._green = None  # the green context's handle, kept alive as long as its stream
-        if sms:
-            from engine.green import sm_stream
-
-            self._green = sm_stream(sms, self.device)  # raises ValueError on a CPU device
-            self.stream = self._green.stream
-        else:
-            self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self.cuda_graphs = self.stream is not None if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.stream is None:
             raise ValueError("CUDA graphs need a CUDA device")
@@ -299,6 +294,8 @@ class CodecWorker:
     def _drain(self, slot: int) -> np.ndarray | None:
         """The audio the decoder holds back for `slot` (engine/codec/streaming.py,
         `drain`), cleared there; None when it holds none."""
+        if self.silent:
+            return None
         with self._on_stream():
             audio = self.decoder.drain(slot)
             return None if audio is None else audio.cpu().numpy()
@@ -443,6 +440,8 @@ class CodecWorker:
         graphs captured (the graphs keep the chosen kernels): left on, every new shape
         elsewhere (the codec encoder on each new voice's reference audio) was timed
         first, and an uncached voice took 1.3 s to open instead of 0.19."""
+        if self.silent:
+            return
         benchmark = torch.backends.cudnn.benchmark
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True
@@ -475,6 +474,8 @@ class CodecWorker:
 
     def _call(self, slots: list[int], codes: np.ndarray) -> np.ndarray:
         """Decode codes [B, C, n] for `slots` (B a bucket); returns PCM [B, n * hop]."""
+        if self.silent:
+            return np.zeros((codes.shape[0], codes.shape[2] * self.decoder.hop_length), dtype=np.float32)
         g = self._graphs.get((codes.shape[0], codes.shape[2]))
         if g is None:
             return self._eager(slots, codes)

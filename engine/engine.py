@@ -109,17 +109,15 @@ class EngineConfig:
     # call queued behind rounds of up to 64 streams x 4 frames (README, "Where the c=64
     # gaps come from"). Off: not yet measured on the GPU.
     codec_cut_in: bool = False
-    # the codec worker's kernels confined to this many SMs (a CUDA green context,
-    # engine/green.py), so the decode step's kernels always find the other SMs free of
-    # codec blocks: measured on an H200 at 64 connections, the step took 13.6 ms beside the
-    # codec against 8.6 alone. 0: the codec shares every SM (the default). 32 of an
-    # H100's 132 measured 0.24x the frames/s at 64 connections: the confined codec could
-    # not keep up (engine/green.py). CUDA only.
-    codec_sms: int = 0
     # the codec calls' batch sizes (engine/codec_worker.py batch_buckets): 0, powers of two
     # (the default, measured); N, powers of two up to N and then every multiple of N, so
     # fewer of a call's rows are padding (more CUDA graphs; not yet measured on a GPU)
     codec_bucket_step: int = 0
+    # a diagnosis, never for serving: the codec worker skips the codec and hands out
+    # silence of the right length, so a load run measures the decode loop (steps,
+    # prefills, frame hand-off, audio messages) with no codec work on the GPU beside it:
+    # the baseline that splits the c=64 step's slowdown between the codec and the rest
+    codec_silent: bool = False
     # On a CPU device: torch's intra-op threads while the engine runs (None: half the
     # cores, at least one). The decode thread and the codec worker compute at the same
     # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
@@ -144,8 +142,6 @@ class EngineConfig:
             raise ValueError(f"codec_kernels must be one of {CODEC_KERNELS}, got {self.codec_kernels!r}")
         if self.kv_quant not in KV_QUANTS:
             raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
-        if not 0 <= self.codec_sms <= 1024:
-            raise ValueError(f"codec_sms must be 0 (every SM) or a count of SMs, got {self.codec_sms}")
         try:
             batch_buckets(self.max_running + 1, self.codec_bucket_step)
         except ValueError as e:
@@ -248,8 +244,8 @@ class Engine:
                                  release_interval_s=c.codec_release_interval_s,
                                  snake_kernel=None if c.codec_kernels != "off" else False,
                                  state_kernels=None if c.codec_kernels == "all" else False,
-                                 cut_in=c.codec_cut_in and not c.naive, sms=0 if c.naive else c.codec_sms,
-                                 bucket_step=c.codec_bucket_step)
+                                 cut_in=c.codec_cut_in and not c.naive,
+                                 bucket_step=c.codec_bucket_step, silent=c.codec_silent)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())

@@ -11,7 +11,6 @@ Two parts, for the model's codec (random weights for a preset):
 
     python -m latency_bench.profile_codec --model s2-pro --batch 1,16,64 --profile-batch 64
     python -m latency_bench.profile_codec --model s2-pro --flops   # any machine: FLOPs a frame
-    python -m latency_bench.profile_codec --batch 16,64 --sms 0,32,48   # worker calls on fewer SMs
 
 `--flops` counts the arithmetic of a streaming-decode call per frame of audio (PyTorch's
 FLOP counter, on the CPU: the count does not depend on the device), by operation: what a
@@ -41,10 +40,9 @@ VARIANTS = {  # name -> (snake_kernel, state_kernels)
 }
 
 
-def worker_times(codec, batches: list[int], variant: str, repeats: int = 7, sms: int = 0) -> list[dict]:
-    """`sms` > 0: the worker's stream in a green context of that many SMs (--codec-sms)."""
+def worker_times(codec, batches: list[int], variant: str, repeats: int = 7) -> list[dict]:
     snake_kernel, state_kernels = VARIANTS[variant]
-    worker = CodecWorker(codec, max(batches), snake_kernel=snake_kernel, state_kernels=state_kernels, sms=sms)
+    worker = CodecWorker(codec, max(batches), snake_kernel=snake_kernel, state_kernels=state_kernels)
     worker.warm_up()
     out = []
     with torch.inference_mode():
@@ -52,7 +50,7 @@ def worker_times(codec, batches: list[int], variant: str, repeats: int = 7, sms:
             for n in CHUNKS:
                 codes = np.random.default_rng(0).integers(0, 1000, (b, worker.num_codebooks, n))
                 ms = median_ms(lambda: worker._call(list(range(b)), codes), worker.device, repeats)
-                out.append({"variant": variant, "sms": sms, "batch": b, "frames": n, "ms": ms,
+                out.append({"variant": variant, "batch": b, "frames": n, "ms": ms,
                             "frames_per_s": b * n / ms * 1000})
     return out
 
@@ -166,18 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--modules", type=int, default=0, help="also list the N slowest conv modules of one call")
     p.add_argument("--out", default="out/profile_codec")
     p.add_argument("--flops", action="store_true", help="only count the FLOPs a frame (CPU; no timing)")
-    p.add_argument("--sms", help="only time the service's worker calls with its stream confined to each of these "
-                                 "SM counts (comma-separated, 0: every SM; --codec-sms)")
     a = p.parse_args(argv)
-    if a.sms:
-        bundle = load_bundle(a.model, "cuda")
-        rows = [r for n in (int(x) for x in a.sms.split(",")) for r in
-                worker_times(bundle.codec, [int(x) for x in a.batch.split(",")], "snake+state", sms=n)]
-        print(f"{'SMs':>4} {'batch':>5} {'frames':>6} {'ms':>8} {'frames/s':>9}")
-        for r in rows:
-            print(f"{r['sms'] or 'all':>4} {r['batch']:>5} {r['frames']:>6} {r['ms']:>8.2f} {r['frames_per_s']:>9.0f}")
-        write_json(Path(a.out) / "codec_sms.json", {"model": a.model, "worker": rows})
-        return 0
     if a.flops:
         flops = flops_per_frame(load_bundle(a.model, "cpu").codec)
         print(f"{a.model} codec, streaming decode: {flops['total'] / 1e9:.2f} GFLOP a frame")

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.bundle import QUANT_MODES, resolve_device
+from engine.bundle import QUANT_MODES
 from engine.codec_worker import CHUNK_CHOICES, CHUNKS
 from engine.engine import CODEC_KERNELS, EngineConfig
 from engine.kv_cache import KV_QUANTS
@@ -76,10 +76,6 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-kernels", choices=CODEC_KERNELS, default="all",
                    help="the codec's Triton kernels on a GPU, each used once it matches its reference there: all, "
                         "snake (the Snake kernel only) or off (the codec's PyTorch path)")
-    p.add_argument("--codec-sms", type=int, default=0, metavar="N",
-                   help="confine the codec's kernels to N SMs (a CUDA green context) so the decode step keeps the "
-                        "rest; 0: every SM (default). CUDA only; 32 of an H100's 132 measured 0.24x the frames/s at 64 "
-                        "connections (the codec could not keep up)")
     p.add_argument("--codec-bucket-step", type=int, default=0, metavar="N",
                    help="the codec calls' batch sizes: 0, powers of two (default); N (a power of two), powers of "
                         "two up to N and then every multiple of N, so fewer rows of a call are padding (more CUDA "
@@ -88,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                    help="a frame of a stream near the start of its audio cuts the codec's round in progress short "
                         "(its remaining calls go out after that frame's): fewer gaps early in a reply under load "
                         "(not yet measured on a GPU)")
+    p.add_argument("--codec-silent", action="store_true",
+                   help="a diagnosis, never for serving: skip the codec and send silence of the right length, so a "
+                        "load run measures the decode loop with no codec work on the GPU beside it")
     p.add_argument("--cpu-threads", type=int, default=0,
                    help="on a CPU device: torch threads while serving (0: half the cores; the decode and codec "
                         "threads compute at once, and more threads than cores slows both)")
@@ -120,9 +119,6 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
 
 
 def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
-    if a.codec_sms and not resolve_device(a.device).startswith("cuda"):
-        raise ValueError(f"--codec-sms confines the codec to SMs of a CUDA device; the device here is "
-                         f"{resolve_device(a.device)}")
     return ServiceConfig(
         host=a.host,
         port=a.port,
@@ -136,8 +132,8 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
             codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv, pdl=a.pdl,
             codec_release_interval_s=a.codec_release_interval,
-            codec_kernels=a.codec_kernels, codec_cut_in=a.codec_cut_in, codec_sms=a.codec_sms,
-            codec_bucket_step=a.codec_bucket_step,
+            codec_kernels=a.codec_kernels, codec_cut_in=a.codec_cut_in,
+            codec_bucket_step=a.codec_bucket_step, codec_silent=a.codec_silent,
             cpu_threads=a.cpu_threads or None,
         ),
         limits=Limits(

@@ -42,8 +42,7 @@
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
-#   bash scripts/gpu_check.sh codecsms   # the codec on a green context of N SMs: GPU test, call times on 0/32/48 SMs, load c=16,64x2 default vs --codec-sms=32 (~8 min)
-#   bash scripts/gpu_check.sh issue5ab   # load c=64x2 bf16: default vs release 50 ms + bucket step 8 + cut-in vs cut-in, same call (~8 min; 2026-12-06: sms32 0.24x, alternation 0.16x)
+#   bash scripts/gpu_check.sh issue5ab   # load c=64x2: bf16 and FP8, each with the codec and with --codec-silent (no codec work), same call (~9 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -606,38 +605,17 @@ swiglu)
             | grep -v Warn | grep "^ *[0-9]\|step\|graphs" | tail -5 | sed "s/^/$q: /"
     done
     ;;
-codecsms)
-    # issue 5's c=64 step (13.6 ms beside the codec against 8.6 alone, H200): the codec's
-    # kernels confined to a green context of N SMs (--codec-sms, engine/green.py; built
-    # 2026-12-05 without a GPU). Its GPU test, the worker's call times on every SM and on
-    # 32 and 48 (what confinement costs the codec), then the load A/B in bf16, same call
-    # (~7 min)
-    timeout 120 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined or codec_graphs" 2>&1 | tail -4 \
-        | tee "$out/gpu_tests.log"
-    timeout 90 python3 -m latency_bench.profile_codec --model s2-pro --batch 16,64 --sms 0,32,48 \
-        --out "$out/profile_codec" 2>&1 | grep -v Warn | tail -22 | tee "$out/codec_sms.log"
-    ab_loads sms 16,64,64 400 ${VARIANTS:-default sms32:--codec-sms=32}
-    ;;
 issue5ab)
-    # issue 5's answers to the c=64 contention and gaps in one call, all on one machine,
-    # each against the default, bf16, c=64 twice (the gaps and the contention are at c=64).
+    # issue 5's c=64 load in arms, one server each, all on one machine, c=64 twice each.
     # 2026-12-06 on an H100 (latency_bench/reference/h100-s2pro/codec-contention/): the
-    # codec confined to 32 SMs gave 0.24x the frames/s (the codec became the bottleneck:
-    # 1.11 ms of GPU a frame against 0.20) and the codec's calls taking turns with the
-    # decode steps (not kept: codec-alternate.diff there) 0.16x (one codec call per step).
-    # Next: a shared release every 50 ms with calls padded to multiples of 8 rows past 8
-    # (--codec-release-interval 0.05 --codec-bucket-step 8: 0.76x the codec's time a frame
-    # in python -m latency_bench.codec_policy_model, bucket step alone 0.96x; the release
-    # alone, H200 2026-12-03: +9% per stream at c=64 but turn starts waited between its
-    # rounds) with --codec-cut-in for those turn starts, and cut-in alone; the shares lines
-    # print each arm's padding share. VARIANTS="...
-    # sms96:--codec-sms=96" tries a confinement that leaves the codec most SMs. The confinement's GPU test first; what confinement
-    # costs a 64-stream codec call last, if time is left (~8 min)
-    timeout 90 python3 -m pytest -q -rfEs tests/test_gpu.py -k "confined" > "$out/gpu_tests.log" 2>&1
-    grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
-    ab_loads ab 64,64 420 ${VARIANTS:-default rel50step8cut:--codec-release-interval=0.05,--codec-bucket-step=8,--codec-cut-in cutin:--codec-cut-in}
-    timeout 45 python3 -m latency_bench.profile_codec --model s2-pro --batch 64 --sms 0,96 \
-        --out "$out/profile_codec" 2>&1 | grep -v Warn | tail -8 | tee "$out/codec_sms.log"
+    # codec confined to 32 SMs 0.24x the frames/s (a green context; removed), the codec's
+    # calls taking turns with the decode steps 0.16x (codec-alternate.diff there), a
+    # shared release every 50 ms + bucket step 8 + cut-in 1.01x (the codec's GPU time a
+    # frame 0.84x, padding 30% -> 5%, but TTFA p99 ~1.2 s) and cut-in alone 1.00x.
+    # Now the split: the same load with the codec skipped (--codec-silent: silence of the
+    # right length, no codec work) in bf16 and FP8, so what is left of the c=64 gap
+    # without any codec shows (~9 min)
+    ab_loads ab 64,64 560 ${VARIANTS:-default silent:--codec-silent fp8silent:--quant=fp8,--codec-silent fp8:--quant=fp8}
     ;;
 retest)
     # the serving path's and the FP8 GPU tests with whole tracebacks (heads' 140 s cut the

@@ -387,32 +387,35 @@ def test_service_flags_set_the_codec_policy():
     with pytest.raises(SystemExit):
         parse_args(["--codec-max-chunk", "5"])
     assert parse_args(["--codec-cut-in"]).engine.codec_cut_in and not parse_args([]).engine.codec_cut_in
-    assert parse_args([]).engine.codec_sms == 0
     assert parse_args(["--codec-bucket-step", "8"]).engine.codec_bucket_step == 8
     assert parse_args([]).engine.codec_bucket_step == 0
     with pytest.raises(SystemExit):
         parse_args(["--codec-bucket-step", "6"])
 
 
-def test_codec_sms_needs_a_cuda_device(codec, capsys):
-    """--codec-sms confines the codec to SMs of a GPU (engine/green.py): on a CPU the
-    service refuses it at startup with the reason, and so do the worker and the stream
-    factory; a negative count is refused by the config. (On a GPU: tests/test_gpu.py.)"""
-    from engine.engine import EngineConfig
-    from engine.green import sm_stream
+def test_a_silent_worker_hands_out_silence_of_the_audio_length(codec):
+    """EngineConfig.codec_silent (--codec-silent, a load-run diagnosis): the same frames
+    through the same policy give the same audio lengths, calls and segment ends as the
+    real codec, but every sample is 0 and the codec is never run (no warm-up shapes)."""
+    codes = np.random.default_rng(5).integers(0, 64, (9, codec.num_codebooks))
+    heard = {}
+    for silent in (False, True):
+        worker = CodecWorker(codec, 3, hold_lead_s=None, silent=silent)
+        worker.warm_up()
+        listeners = [Recorder() for _ in range(2)]
+        for i in range(9):
+            worker._process([[_Frame(r, slot, 1, codes[i]) for slot, r in enumerate(listeners)]])
+        worker._process([_End(r, slot, 1, "end") for slot, r in enumerate(listeners)])
+        heard[silent] = worker, listeners
+    (real, real_heard), (silent, silent_heard) = heard[False], heard[True]
+    assert (silent.calls, silent.frames_decoded) == (real.calls, real.frames_decoded) == (9, 18)
+    for r, s in zip(real_heard, silent_heard):
+        assert s.chunks == r.chunks[: len(s.chunks)] and s.ends == r.ends == ["end"]
+        assert len(s.turn(1)) == 9 * codec.hop_length and not s.turn(1).any()
+        assert np.abs(r.turn(1)).max() > 1e-3  # the real codec's audio is not silence
     from realtime.config import parse_args
 
-    if torch.cuda.is_available():
-        pytest.skip("the CPU refusal; a GPU takes the option")
-    with pytest.raises(SystemExit):
-        parse_args(["--codec-sms", "16"])
-    assert "--codec-sms confines the codec to SMs of a CUDA device" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="CUDA device"):
-        sm_stream(16, "cpu")
-    with pytest.raises(ValueError, match="CUDA device"):
-        CodecWorker(codec, 2, sms=16)
-    with pytest.raises(ValueError, match="codec_sms"):
-        EngineConfig(codec_sms=-1)
+    assert parse_args(["--codec-silent"]).engine.codec_silent and not parse_args([]).engine.codec_silent
 
 
 @pytest.mark.parametrize("hold", [0.3, None])

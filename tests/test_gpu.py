@@ -196,32 +196,6 @@ def _codec_graphs_give_the_eager_audio(codec, max_chunk: int) -> None:
     _assert_same_audio(_heard(codec, max_chunk, cuda_graphs=True), eager, codec.hop_length)
 
 
-def test_codec_worker_confined_to_16_sms_gives_the_same_audio():
-    """EngineConfig.codec_sms: the codec worker's stream in a green context of 16 SMs
-    (engine/green.py) decodes what the worker on every SM decodes (graphs both), and a
-    matmul on such a stream equals the default stream's bit for bit."""
-    from engine.green import sm_stream
-
-    try:
-        confined = sm_stream(16, "cuda")
-    except RuntimeError as e:
-        pytest.skip(f"no green contexts on this machine: {e}")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a, b = (torch.randn(512, 512, device="cuda", generator=g) for _ in range(2))
-    with torch.cuda.stream(confined.stream):
-        on_16 = a @ b
-    confined.stream.synchronize()
-    assert torch.equal(on_16, a @ b)
-    codec = load_bundle("tiny", "cuda", torch.float32).codec
-    tf32, benchmark = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = False, True  # as the test above, for the same reason
-    try:
-        every = _heard(codec, 4, cuda_graphs=True)
-        _assert_same_audio(_heard(codec, 4, cuda_graphs=True, sms=16), every, codec.hop_length)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = tf32, benchmark
-
-
 @pytest.mark.parametrize("barge_in", [False, True])
 def test_codec_graphs_hand_out_a_replys_held_back_audio(barge_in):
     """The default voice's held-back hops drained at a segment end (and dropped at a
