@@ -160,6 +160,10 @@ def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
     tuned = TUNED.get((n, k, mc))
     if tuned is not None:
         cfg = GemmConfig(*tuned)
+        if cfg.backend == "cublas" and not cublas_supported(m, n, k):
+            # cuBLAS refuses this M (CUBLAS_STATUS_NOT_SUPPORTED): a decode batch is a
+            # graph bucket it takes, but a prefill's M is its token count, any number
+            return _rule_config(m, n, k, sms)
         if m > mc and cfg.splits > 1:
             # past the largest measured class (prefill: M = tokens), more M tiles fill the
             # GPU by themselves; K splits there would only add fp32 partials (w2's 6 splits
@@ -503,11 +507,13 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
     return result
 
 
-def cublas_supported(n: int, k: int, out_dtype: torch.dtype) -> bool:
+def cublas_supported(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
     """Shapes cuBLAS's block-scaled GEMM takes with this module's layouts as they are:
-    whole 128 x 128 weight blocks, and weight-scale columns (K / 128) a multiple of 4
-    (cuBLAS reads them in fours; other K would need padded scales). All S2-Pro shapes."""
-    return n % GROUP == 0 and k % (4 * GROUP) == 0 and out_dtype in (torch.bfloat16, torch.float16)
+    whole 128 x 128 weight blocks, weight-scale columns (K / 128) a multiple of 4 and
+    activation rows (M: the leading dimension of the M-major activation scales) a multiple
+    of 4 (cuBLAS reads scales in fours; measured on an H100, 2026-12-06: M = 1 and 54 were
+    refused with CUBLAS_STATUS_NOT_SUPPORTED, 16, 56, 64 and 300 taken). All S2-Pro N and K."""
+    return m % 4 == 0 and n % GROUP == 0 and k % (4 * GROUP) == 0 and out_dtype in (torch.bfloat16, torch.float16)
 
 
 def cublas_block_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -518,9 +524,9 @@ def cublas_block_gemm(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, ou
     checks the shapes; this checks the strides, which it would read without a word."""
     m, k = a.shape
     n = b.shape[0]
-    if not cublas_supported(n, k, out_dtype):
-        raise ValueError(f"cuBLAS block-scaled GEMM needs N % 128 == 0, K % 512 == 0 and a bf16/fp16 output; "
-                         f"got N={n}, K={k}, {out_dtype}")
+    if not cublas_supported(m, n, k, out_dtype):
+        raise ValueError(f"cuBLAS block-scaled GEMM needs M % 4 == 0, N % 128 == 0, K % 512 == 0 and a bf16/fp16 "
+                         f"output; got M={m}, N={n}, K={k}, {out_dtype}")
     kb = k // GROUP
     if tuple(a_scale.shape) != (m, kb) or (m > 1 and a_scale.stride(0) != 1) or (kb > 1 and a_scale.stride(1) != m):
         raise ValueError(f"a_scale must be [{m}, {kb}] with strides (1, {m}) (M-major) for cuBLAS, "

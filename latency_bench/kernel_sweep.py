@@ -97,11 +97,11 @@ def _tiles(mc: int, swap_tiles: list, plain_tiles: list) -> list[tuple]:
     return tiles
 
 
-def _cublas(shape: Shape) -> list:
+def _cublas(shape: Shape, m: int) -> list:
     """cuBLAS's block-scaled GEMM where it takes the shape (its tile fields unused)."""
     from kernels.fp8_gemm import GemmConfig, cublas_supported
 
-    if cublas_supported(shape.n, shape.k, torch.bfloat16):
+    if cublas_supported(m, shape.n, shape.k, torch.bfloat16):
         return [GemmConfig(16, 64, True, quantize_in_gemm=False, backend="cublas")]
     return []
 
@@ -125,7 +125,7 @@ def tma_candidates(shape: Shape, m: int, smoke: bool = False, warp_specialize: b
                         out.append(GemmConfig(bm, bn, swap, s, TMA_WS_WARPS if ws else warps, stages,
                                               quantize_in_gemm=quantize, tma=True, programs_per_sm=pps,
                                               warp_specialize=ws))
-    return list(dict.fromkeys(out + _cublas(shape)))
+    return list(dict.fromkeys(out + _cublas(shape, m)))
 
 
 def candidates(shape: Shape, m: int, smoke: bool = False, tma: bool = False, warp_specialize: bool = True):
@@ -140,7 +140,7 @@ def candidates(shape: Shape, m: int, smoke: bool = False, tma: bool = False, war
             if cdiv(shape.n, bn) * cdiv(m, bm) * s <= MAX_PROGRAMS or s == 1:
                 for fused in (True, False):  # activations quantized in the GEMM, or in a launch before it
                     out.append(GemmConfig(bm, bn, swap, s, warps, stages, quantize_in_gemm=fused))
-    return out + _cublas(shape)
+    return out + _cublas(shape, m)
 
 
 # --- compiling in parallel ----------------------------------------------------------------

@@ -509,13 +509,13 @@ def test_cublas_path_checks_its_layouts_before_calling_cublas():
     """cuBLAS checks the scale shapes but would read any strides: M-major activation
     scales and the stored weight layouts are checked here, and shapes it cannot take
     with them are refused with the reason."""
-    x, w = operands(5, 256, 512)
+    x, w = operands(8, 256, 512)
     b, b_s = quantize_weight(w)
     a, a_s = quantize_act(x)
     with pytest.raises(ValueError, match="M-major"):
         cublas_block_gemm(a, a_s, b, b_s, torch.bfloat16)  # row-major scales: the Triton kernel's layout
     with pytest.raises(ValueError, match="K % 512"):
-        x2, w2 = operands(5, 256, 384)
+        x2, w2 = operands(8, 256, 384)
         cublas_block_gemm(*quantize_act(x2, m_major_scales=True), *quantize_weight(w2), torch.bfloat16)
     with pytest.raises(ValueError, match="bf16/fp16"):
         cublas_block_gemm(*quantize_act(x, m_major_scales=True), b, b_s, torch.float32)
@@ -523,8 +523,37 @@ def test_cublas_path_checks_its_layouts_before_calling_cublas():
         GemmConfig(16, 64, True, backend="cutlass")
 
 
+def test_rows_cublas_refuses_go_to_the_triton_kernel():
+    """cuBLAS's block-scaled GEMM refuses M not a multiple of 4 (measured on an H100: a
+    prefill's token count, or an engine batch of 54, crashed the FP8 path with
+    CUBLAS_STATUS_NOT_SUPPORTED): the launch choice for such M is this module's kernel,
+    while the tuned cuBLAS entries stay for the M cuBLAS takes; and an explicit cuBLAS
+    choice for such M is refused by name, before cuBLAS is called."""
+    tuned_cublas = [(n, k, mc) for (n, k, mc), v in TUNED.items() if GemmConfig(*v).backend == "cublas"]
+    assert tuned_cublas  # the table uses cuBLAS somewhere (else this test checks nothing)
+    for n, k, mc in tuned_cublas:
+        for m in range(mc // 2 + 1, mc + 1):
+            assert (gemm_config(m, n, k).backend == "cublas") == (m % 4 == 0), (n, k, m)
+        if mc == 128:  # past the largest class (prefill): by M itself
+            assert gemm_config(301, n, k).backend == "triton" and gemm_config(300, n, k).backend == "cublas"
+    with pytest.raises(ValueError, match="M % 4 == 0"):
+        cublas_block_gemm(*quantize_act(torch.randn(54, 512, device=DEVICE), m_major_scales=True),
+                          *quantize_weight(torch.randn(128, 512, device=DEVICE)), torch.bfloat16)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 64, 300])
+@pytest.mark.parametrize("m", [1, 16, 54, 64, 300, 301])
+@pytest.mark.parametrize("k, n", S2_PRO)
+def test_every_m_runs_and_matches_reference_where_cublas_is_tuned(m, n, k):
+    """The launch choice (cuBLAS where tuned and it takes M, the Triton kernel elsewhere)
+    runs at any M and computes the reference's function."""
+    x, w = operands(m, n, k)
+    b, b_s = quantize_weight(w)
+    assert rel(fp8_linear(x.bfloat16(), b, b_s), fp8_linear_reference(x.bfloat16(), b, b_s)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 64, 300])
 @pytest.mark.parametrize("k, n", S2_PRO)
 def test_cublas_path_matches_reference(m, n, k):
     """Where torch's cuBLAS has block scaling (Hopper, cuBLASLt >= 12.9), the same function
