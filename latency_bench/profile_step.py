@@ -5,6 +5,7 @@ torch.profiler and prints the kernels grouped by name, sorted by total GPU time,
 their counts per step; the sum is the step's GPU time (launch gaps aside).
 
     python -m latency_bench.profile_step --model s2-pro --device cuda --batch 1,64
+    python -m latency_bench.profile_step --batch 54 --context 800 --quant fp8   # the c=64 load's step
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.bundle import load_bundle
+from engine.bundle import QUANT_MODES, load_bundle
 from engine.runner import Runner
 from latency_bench.engine_bench import prepare_batch
 from latency_bench.jsonfile import write_json
@@ -67,16 +68,17 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=400)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--quant", default="none", choices=QUANT_MODES, help="the transformers' weights (engine/quant.py)")
     p.add_argument("--out", default="out/profile")
     a = p.parse_args(argv)
-    bundle = load_bundle(a.model, a.device)
+    bundle = load_bundle(a.model, a.device, quant=a.quant)
     batches = [int(x) for x in a.batch.split(",")]
     runner = Runner(bundle, max(batches), 1536, cuda_graphs=False)
     result = {}
     for b in batches:
         rows = profile_batch(runner, b, a.context, a.steps)
         total, kernels = print_kernels(rows, "step", a.top, f"batch {b}")
-        result[b] = {"gpu_us_per_step": total, "kernels_per_step": kernels, "top": rows[: a.top]}
+        result[b] = {"quant": a.quant, "context": a.context, "gpu_us_per_step": total, "kernels_per_step": kernels, "top": rows[: a.top]}
     write_json(Path(a.out) / "profile.json", result)
     return 0
 
