@@ -16,6 +16,12 @@ the H200's worker calls of the release-size codec (the codec-kernels/nhwc profil
 step is not modeled: the modeled codec is faster than the real one, so compare policies
 within a run, not against the load benchmark's figures.
 
+Checked on an H100 at c=64 (2026-12-06, latency_bench/RESULTS.md, "The codec's policies at
+c=64"): release 50 ms + bucket step 8 (+ cut-in) modeled at 0.76x the codec's time a frame,
+measured 0.84x, padding 8% modeled and 5% measured; but the frames/s moved 1.01x, since
+the codec costs only ~1.27x in frames/s at c=64 (the same load with the codec skipped).
+The model ranks the codec's own work, not the service's throughput.
+
     python -m latency_bench.codec_policy_model                     # the default policy and the variants below
     python -m latency_bench.codec_policy_model --seconds 30 --step-ms 16
 """
