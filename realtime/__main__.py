@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"live TTS:   ws://{host}:{config.port}/v1/tts/live", flush=True)
     if config.api_keys:
         print(f"API keys required ({len(config.api_keys)} configured)", flush=True)
+    if config.engine.codec_silent:
+        print("WARNING: --codec-silent: every reply is silence (a load-run diagnosis, not for serving)", flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", **uvicorn_options(config))
     return 0
 
