@@ -127,6 +127,11 @@ class LiveSession:
                 raise SessionError(P.ErrorCode.TIMEOUT, f"no message for {self.svc.config.idle_timeout_s:.0f} s")
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
+            if self._closing:
+                # closed while this message was on its way (the client went away under a
+                # send, or the session failed from an engine event): its engine stream is
+                # released already, so nothing it asks for can be done
+                return
             data = message.get("bytes")
             if data is None:
                 raise SessionError(P.ErrorCode.BAD_MESSAGE, "frames must be binary MessagePack, got a text frame")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import time
 
 import av
@@ -462,3 +463,45 @@ def test_health_and_metrics(srv):
         assert name in text
     count = next(line for line in text.splitlines() if line.startswith("realtime_ttfa_seconds_count"))
     assert int(count.split()[1]) >= 1
+
+
+class _GoneClient:
+    """A WebSocket whose client vanished under the server's first send, with a `cancel`
+    already on its way: the receive side gets it after the writer has closed the session
+    and released its engine stream (found by fuzzing the service with real clients that
+    disconnect mid-stream: each such race logged an AttributeError traceback)."""
+
+    def __init__(self, start: dict) -> None:
+        self.incoming: asyncio.Queue = asyncio.Queue()
+        self.incoming.put_nowait({"type": "websocket.receive", "bytes": msgpack.packb(start)})
+        self.sends = 0
+
+    async def receive(self) -> dict:
+        return await self.incoming.get()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sends += 1
+        self.incoming.put_nowait({"type": "websocket.receive", "bytes": msgpack.packb({"event": "cancel"})})
+        self.incoming.put_nowait({"type": "websocket.disconnect", "code": 1006})
+        raise RuntimeError("the client went away")
+
+    async def close(self, code: int = 1000) -> None:
+        pass
+
+
+def test_messages_after_the_client_went_away_are_dropped_quietly(srv, caplog):
+    from realtime.session import LiveSession
+
+    svc = srv.app.state.services
+    ws = _GoneClient({"event": "start", "request": {"format": "pcm", "max_new_tokens": 4}})
+    internal_before = svc.metrics.errors["internal"]
+    with caplog.at_level(logging.ERROR, logger="realtime.session"):
+        run(asyncio.wait_for(LiveSession(ws, svc).run(), 30))
+    assert ws.sends == 1  # the session wrote `ready`, the write failed, and it sent nothing more
+    assert ws.incoming.qsize() == 1  # it read the cancel (only the disconnect is left): the race ran
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+    assert svc.metrics.errors["internal"] == internal_before
+    deadline = time.monotonic() + 10
+    while svc.engine.stats()["streams_decoding"] or svc.engine.stats()["streams_queued"]:
+        assert time.monotonic() < deadline, svc.engine.stats()
+        time.sleep(0.05)
