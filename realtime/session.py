@@ -168,19 +168,28 @@ class LiveSession:
         if self._closing:
             return
         data = P.pack(event)
-        self._out_bytes += len(data)
-        if self._out_bytes > self.svc.config.max_pending_audio_bytes:
-            self._fail(P.ErrorCode.TOO_LARGE, "the client is not reading its audio fast enough")
+        if self._out_bytes + len(data) > self.svc.config.max_pending_audio_bytes:
+            self._fail(P.ErrorCode.TOO_LARGE, "the client is not reading its audio fast enough", slow_reader=True)
             return
+        self._enqueue(data)
+
+    def _enqueue(self, data: bytes) -> None:
+        self._out_bytes += len(data)
         self._out.put_nowait(data)
 
-    def _fail(self, code: P.ErrorCode, message: str) -> None:
-        """Send error + finish{error}, then close. The rest of the server carries on."""
+    def _fail(self, code: P.ErrorCode, message: str, slow_reader: bool = False) -> None:
+        """Send error + finish{error}, then close. The rest of the server carries on.
+        The two events go out whatever audio is waiting (they are the client's only
+        word on why the stream ended); for a client that does not read its audio, the
+        audio still waiting is dropped first, so they come next and the memory is freed."""
         if self._closing:
             return
         self.svc.metrics.errors[code.value] += 1
-        self._send(P.error_event(code, message))
-        self._send(P.finish_event("error", message))
+        if slow_reader:
+            while not self._out.empty():
+                self._out_bytes -= len(self._out.get_nowait())
+        for event in (P.error_event(code, message), P.finish_event("error", message)):
+            self._enqueue(P.pack(event))
         self._finish()
 
     def _finish(self) -> None:

@@ -505,3 +505,44 @@ def test_messages_after_the_client_went_away_are_dropped_quietly(srv, caplog):
     while svc.engine.stats()["streams_decoding"] or svc.engine.stats()["streams_queued"]:
         assert time.monotonic() < deadline, svc.engine.stats()
         time.sleep(0.05)
+
+
+def test_a_client_that_does_not_read_is_cut_off_and_frees_its_slot(tmp_path, caplog):
+    """ServiceConfig.max_pending_audio_bytes: a client that stops reading while its audio
+    piles up gets error {too_large} + finish {error} (after what was already on the wire),
+    and its KV slot is freed at once, not when it finally reads or goes away; a client
+    beside it is served whole. (Before: the error event itself was over the limit, and
+    failing again for it recursed until Python's limit: the slot stayed held.)"""
+    import socket
+
+    with running_server(tmp_path, engine=EngineConfig(max_running=2, max_queued=2, max_len=2048), ignore_end=True,
+                        max_pending_audio_bytes=256 << 10) as s:
+        async def main():
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the client's side fills at once
+            sock.connect(("127.0.0.1", s.port))
+            slow = await websockets.connect(s.ws_url, sock=sock, max_size=None, max_queue=1)
+            await slow.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 1500}}))
+            await slow.send(msgpack.packb({"event": "text", "text": "Talk for a long while please."}))
+            await slow.send(msgpack.packb({"event": "flush"}))
+            deadline = time.monotonic() + 30
+            while s.services.metrics.errors["too_large"] == 0:  # while it reads nothing
+                assert time.monotonic() < deadline, s.services.engine.stats()
+                await asyncio.sleep(0.1)
+            while s.services.engine.stats()["streams_decoding"] + s.services.engine.stats()["streams_idle"]:
+                assert time.monotonic() < deadline, s.services.engine.stats()
+                await asyncio.sleep(0.05)
+            beside = await session(s.ws_url, {"format": "pcm", "max_new_tokens": FRAMES}, *TEXT)
+            tail = []
+            async with asyncio.timeout(30):
+                async for frame in slow:  # now it reads: what was on the wire, then why it ended
+                    tail.append(msgpack.unpackb(frame))
+            return beside, tail
+
+        with caplog.at_level(logging.ERROR):
+            beside, tail = run(main())
+    assert len(audio_of(beside)) == 2 * FRAMES * HOP and beside[-1] == {"event": "finish", "reason": "stop"}
+    assert [e["event"] for e in tail[-2:]] == ["error", "finish"] and tail[-2]["code"] == "too_large"
+    assert tail[-1]["reason"] == "error"
+    assert sum(len(e["audio"]) for e in tail if e["event"] == "audio") < 1500 * HOP * 2  # it never got it all
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
