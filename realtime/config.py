@@ -28,7 +28,7 @@ class ServiceConfig:
     voices_dir: Path = Path("voices")
     idle_timeout_s: float = 300.0  # a connection with nothing to do for this long is closed
     ready_timeout_s: float = 120.0  # open-to-ready longer than this is an error
-    max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection (slow readers)
+    max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection or HTTP response (slow readers)
     demo_page: bool = True
     ignore_end: bool = False  # fixed-length mode for random-weight benchmarks and tests
     debug_stalls: bool = False  # log GC pauses and thread stacks during event-loop stalls

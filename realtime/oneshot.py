@@ -18,13 +18,40 @@ from realtime.services import Services
 
 
 class _QueueSink:
-    """Engine callbacks -> an asyncio queue, through the loop's mailbox (as live sessions)."""
+    """Engine callbacks -> an asyncio queue, through the loop's mailbox (as live sessions).
 
-    def __init__(self, queue: asyncio.Queue, mailbox: LoopMailbox) -> None:
-        self._queue, self._mailbox = queue, mailbox
+    The response is written only as fast as the client reads it, so the audio waiting in
+    the queue is counted (on the loop) against `limit` bytes
+    (ServiceConfig.max_pending_audio_bytes, as a live connection's): past it, the waiting
+    audio is dropped, `on_overflow` closes the engine stream (its KV slot is free at
+    once) and the response ends where the client stopped reading."""
+
+    def __init__(self, queue: asyncio.Queue, mailbox: LoopMailbox, limit: int) -> None:
+        self._queue, self._mailbox, self._limit = queue, mailbox, limit
+        self.pending = 0  # bytes of PCM in the queue (loop side only)
+        self.overflowed = False
+        self.on_overflow = lambda: None
 
     def _put(self, item) -> None:
-        self._mailbox.post(self._queue.put_nowait, item)
+        self._mailbox.post(self._deliver, item)
+
+    def _deliver(self, item) -> None:  # on the loop
+        if self.overflowed:
+            return
+        if item[0] == "audio":
+            self.pending += item[1].nbytes
+            if self.pending > self._limit:
+                self.overflowed = True
+                while not self._queue.empty():
+                    self._queue.get_nowait()
+                self.pending = 0
+                self.on_overflow()
+                item = ("error", (P.ErrorCode.TOO_LARGE.value, "the client is not reading its audio fast enough"))
+        self._queue.put_nowait(item)
+
+    def taken(self, item) -> None:
+        if item[0] == "audio":
+            self.pending -= item[1].nbytes
 
     def on_ready(self, voice_cached: bool, prefill_ms: float) -> None:
         pass
@@ -64,16 +91,25 @@ async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
     )
     voice = svc.resolve_voice(req)
     queue: asyncio.Queue = asyncio.Queue()
+    sink = _QueueSink(queue, svc.mailbox(), svc.config.max_pending_audio_bytes)
     try:
-        handle = svc.engine.open(voice, svc.stream_params(req), _QueueSink(queue, svc.mailbox()))
+        handle = svc.engine.open(voice, svc.stream_params(req), sink)
     except Refused as e:
         raise OneShotError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+
+    def overflow() -> None:
+        svc.metrics.errors[P.ErrorCode.TOO_LARGE.value] += 1
+        svc.engine.close(handle)
+
+    sink.on_overflow = overflow
     try:
         for text in segments:
             svc.engine.say(handle, 1, text)
         remaining = len(segments)
         while remaining:
-            kind, value = await queue.get()
+            item = await queue.get()
+            sink.taken(item)
+            kind, value = item
             if kind == "audio":
                 svc.metrics.audio_seconds += len(value) / svc.engine.sample_rate
                 if data := encoder.encode(value):

@@ -546,3 +546,37 @@ def test_a_client_that_does_not_read_is_cut_off_and_frees_its_slot(tmp_path, cap
     assert tail[-1]["reason"] == "error"
     assert sum(len(e["audio"]) for e in tail if e["event"] == "audio") < 1500 * HOP * 2  # it never got it all
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_an_http_client_that_does_not_read_frees_its_slot(tmp_path):
+    """POST /v1/tts streams its body as fast as the client reads; audio waiting for a
+    client that stopped reading counts against the same limit as a live connection's
+    (ServiceConfig.max_pending_audio_bytes). Past it the engine stream is closed (its slot
+    free for others at once) and the response ends where the client stopped, well-formed.
+    (Before: the audio piled up in memory for as long as the request's text ran.)"""
+    import socket
+
+    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_queued=2, max_len=2048), ignore_end=True,
+                        max_pending_audio_bytes=256 << 10) as s:
+        body = msgpack.packb({"text": "Talk for a long while please.", "format": "pcm", "max_new_tokens": 1500})
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", s.port))
+        sock.sendall(b"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        deadline = time.monotonic() + 30
+        while s.services.metrics.errors["too_large"] == 0:  # it reads nothing meanwhile
+            assert time.monotonic() < deadline, s.services.engine.stats()
+            time.sleep(0.1)
+        # the only slot is free: the next request is served whole while the first still does not read
+        r = httpx.post(s.http_url + "/v1/tts", content=msgpack.packb({"text": "Next!", "format": "pcm",
+                                                                       "max_new_tokens": FRAMES}),
+                       headers={"content-type": "application/msgpack"}, timeout=30)
+        assert r.status_code == 200 and len(r.content) == 2 * FRAMES * HOP
+        sock.settimeout(30)
+        received = b""
+        while chunk := sock.recv(1 << 16):
+            received += chunk
+        sock.close()
+    assert received.startswith(b"HTTP/1.1 200") and received.endswith(b"0\r\n\r\n")  # chunked, ended cleanly
+    assert len(received) < 1500 * HOP * 2  # it ended early
