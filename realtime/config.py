@@ -27,6 +27,11 @@ class ServiceConfig:
     api_keys: frozenset[str] = frozenset()  # empty: no authentication
     voices_dir: Path = Path("voices")
     idle_timeout_s: float = 300.0  # a connection with nothing to do for this long is closed
+    start_timeout_s: float = 30.0  # a new connection that sends no `start` for this long is closed
+    # live connections at once (each holds a socket and a session, started or not; KV
+    # slots are limited separately by max_running / max_queued): more are refused at the
+    # handshake with 503, so idle sockets cannot exhaust the process's file descriptors
+    max_connections: int = 1024
     ready_timeout_s: float = 120.0  # open-to-ready longer than this is an error
     max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection or HTTP response (slow readers)
     demo_page: bool = True
@@ -36,8 +41,10 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError("port must be in 1..65535")
-        if self.idle_timeout_s <= 0 or self.ready_timeout_s <= 0:
+        if self.idle_timeout_s <= 0 or self.ready_timeout_s <= 0 or self.start_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
 
 
 def parse_args(argv: list[str] | None = None) -> ServiceConfig:
@@ -97,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--voices-dir", default="voices", help="where stored voices are kept")
     p.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable; also $REALTIME_API_KEYS, comma-separated)")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle connection is closed")
+    p.add_argument("--start-timeout", type=float, default=30.0,
+                   help="seconds a new connection may take to send its start message")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="live WebSocket connections at once; more are refused at the handshake (503)")
     p.add_argument("--max-message-mb", type=float, default=16.0, help="largest WebSocket frame / HTTP body")
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text event")
     p.add_argument("--max-buffered-chars", type=int, default=100_000, help="text received but not yet spoken")
@@ -145,6 +156,8 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
         api_keys=frozenset(keys),
         voices_dir=Path(a.voices_dir),
         idle_timeout_s=a.idle_timeout,
+        start_timeout_s=a.start_timeout,
+        max_connections=a.max_connections,
         demo_page=not a.no_demo,
         ignore_end=a.ignore_end,
         debug_stalls=a.debug_stalls,

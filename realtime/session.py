@@ -119,12 +119,15 @@ class LiveSession:
 
     async def _receive_loop(self) -> None:
         while not self._closing:
+            timeout = self._receive_timeout()
             try:
-                message = await asyncio.wait_for(self.ws.receive(), timeout=self._receive_timeout())
+                message = await asyncio.wait_for(self.ws.receive(), timeout=timeout)
             except asyncio.TimeoutError:
                 if self._busy():
                     continue
-                raise SessionError(P.ErrorCode.TIMEOUT, f"no message for {self.svc.config.idle_timeout_s:.0f} s")
+                if self.state is State.AWAITING_START:
+                    raise SessionError(P.ErrorCode.TIMEOUT, f"no 'start' within {timeout:g} s of connecting") from None
+                raise SessionError(P.ErrorCode.TIMEOUT, f"no message for {timeout:g} s") from None
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
             if self._closing:
@@ -142,6 +145,8 @@ class LiveSession:
             self._handle(event)
 
     def _receive_timeout(self) -> float:
+        if self.state is State.AWAITING_START:
+            return self.svc.config.start_timeout_s
         if self.state is State.PREPARING:
             return self.svc.config.ready_timeout_s
         return self.svc.config.idle_timeout_s

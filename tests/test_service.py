@@ -377,6 +377,29 @@ def test_server_full_is_refused_clearly(tmp_path):
         expect_error(run(main()), "busy", "server busy")
 
 
+def test_connections_past_the_limit_are_refused_and_silent_ones_closed(tmp_path):
+    """--max-connections: sockets that never send `start` cannot pile up past the limit
+    (the next handshake gets 503 with the reason, and a place frees when one closes), and
+    --start-timeout closes such a socket with error {timeout} + finish {error}."""
+    with running_server(tmp_path, max_connections=3, start_timeout_s=1.5, ignore_end=True) as s:
+        async def main():
+            idle = [await websockets.connect(s.ws_url) for _ in range(3)]
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await websockets.connect(s.ws_url)
+            await idle[0].close()
+            await asyncio.sleep(0.2)
+            served = await session(s.ws_url, {"format": "pcm", "max_new_tokens": FRAMES}, *TEXT)
+            t0 = time.monotonic()
+            timed_out = [msgpack.unpackb(f) async for f in idle[1]]
+            return refused.value.response, served, timed_out, time.monotonic() - t0
+
+        response, served, timed_out, waited = run(main())
+    assert response.status_code == 503 and b"--max-connections" in response.body
+    assert len(audio_of(served)) == 2 * FRAMES * HOP
+    expect_error(timed_out, "timeout", "no 'start' within 1.5 s")
+    assert waited < 3
+
+
 # --- API keys -----------------------------------------------------------------------------
 
 def test_api_keys(tmp_path):
