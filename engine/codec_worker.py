@@ -51,6 +51,7 @@ time was spent holding the GIL that the prefill and decode threads need too.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -64,6 +65,8 @@ import torch
 from engine.codec.streaming import StreamingDecoder
 from engine.graphs import capture
 from engine.timeshare import Phases
+
+log = logging.getLogger("engine.codec_worker")
 
 
 @dataclass(slots=True)
@@ -205,7 +208,7 @@ class CodecWorker:
             self._call_began = torch.cuda.Event(enable_timing=True)
             self._call_ended = torch.cuda.Event(enable_timing=True)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="codec", daemon=True)
+        self._thread = threading.Thread(target=self._run_guarded, name="codec", daemon=True)
         self.frames_decoded = 0
         self.frames_padded = 0  # frames of the padding rows (scratch slot) of those calls
         self.calls = 0
@@ -214,6 +217,7 @@ class CodecWorker:
         self.phases = Phases("idle", "decode", "deliver")
         self.gpu_s = 0.0  # GPU seconds of the decode calls (graph replays), by timing events
         self.on_error = None  # callable(owner, exc), set by the engine
+        self.on_crash = None  # callable(exc): the thread stopped (set by the engine)
 
     def start(self) -> None:
         self._thread.start()
@@ -242,6 +246,14 @@ class CodecWorker:
 
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def _run_guarded(self) -> None:
+        try:
+            self._run()
+        except Exception as e:  # a failed call is reported per stream (_decode_group); this is the rest
+            log.exception("the codec worker thread crashed")
+            if self.on_crash is not None:
+                self.on_crash(e)
 
     def _run(self) -> None:
         while True:

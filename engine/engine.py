@@ -41,7 +41,7 @@ from engine.voice import LRUBytes, ReferenceInput, VoiceInput
 
 log = logging.getLogger("engine")
 
-__all__ = ["Engine", "EngineConfig", "EngineError", "Refused", "StreamParams", "StreamSink", "VoiceInput"]
+__all__ = ["Engine", "EngineConfig", "EngineError", "EngineFailed", "Refused", "StreamParams", "StreamSink", "VoiceInput"]
 
 
 CODEC_KERNELS = ("all", "snake", "off")  # EngineConfig.codec_kernels
@@ -174,6 +174,10 @@ class EngineError(Exception):
         self.message = message
 
 
+class EngineFailed(Exception):
+    """One of the engine's worker threads stopped: no stream can be served until a restart."""
+
+
 class EngineStream:
     """The engine's handle of one stream; also the owner the codec worker reports to."""
 
@@ -250,6 +254,10 @@ class Engine:
                                  cut_in=c.codec_cut_in and not c.naive,
                                  bucket_step=c.codec_bucket_step, silent=c.codec_silent)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
+        self.codec.on_crash = lambda e: self._failed("codec", e)
+        # why the engine cannot serve (a worker thread stopped), None while it can: open()
+        # refuses new streams with it, and the service's health check reports it
+        self.failure: str | None = None
         self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())
         self.im_end_id = bundle.config.im_end_id
@@ -295,18 +303,36 @@ class Engine:
         def run():
             try:
                 loop()
-            except Exception:  # a crashed worker must be loud, not silent
+            except Exception as e:  # a crashed worker must be loud, not silent
                 log.exception("engine thread %s crashed", threading.current_thread().name)
-                raise
+                self._failed(threading.current_thread().name, e)  # (logged: not raised again)
 
         return run
+
+    def _failed(self, thread: str, e: Exception) -> None:
+        """A worker thread stopped: every open stream gets an error event now (none of them
+        would hear anything again) and open() refuses new ones, instead of clients waiting
+        forever on a service that still reports itself healthy."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = f"the engine's {thread} thread stopped ({type(e).__name__}: {e}); restart the service"
+            owners = [s.owner for s in self.sched.streams.values()]
+            self._lock.notify_all()
+        for owner in owners:
+            try:
+                owner.sink.on_error("internal", self.failure)
+            except Exception:  # one sink must not keep the others from hearing it
+                log.exception("reporting the engine's failure to a stream failed")
 
     # --- public API (event loop) ------------------------------------------------------
 
     def open(self, voice: VoiceInput, params: StreamParams, sink: StreamSink) -> EngineStream:
-        """Admit a stream and start prefilling its voice. Raises Refused when full."""
+        """Admit a stream and start prefilling its voice. Raises Refused when full and
+        EngineFailed once a worker thread has stopped."""
         handle = EngineStream(voice, params, sink)
         with self._lock:
+            if self.failure is not None:
+                raise EngineFailed(self.failure)
             handle.sched = self.sched.open(handle, params.frame_budget, not params.condition_on_previous)
             self._lock.notify_all()
         return handle
@@ -347,6 +373,7 @@ class Engine:
             counts = self.sched.counts()
         return {
             **{f"streams_{k}": v for k, v in counts.items()},
+            "up": int(self.failure is None),  # 0 once a worker thread stopped (Engine.failure)
             "decode_steps": self.steps,
             "frames": self.frames,
             "prefills": self.prefills,

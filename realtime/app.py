@@ -147,11 +147,12 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
 
     async def health(request: Request) -> Response:
         b = engine.bundle
+        failed = engine.failure is not None  # a worker thread stopped: 503, so a supervisor restarts it
         return JSONResponse({
-            "status": "ok", "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
+            "status": "error" if failed else "ok", **({"error": engine.failure} if failed else {}), "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
             "sample_rate": engine.sample_rate, "max_running": engine.config.max_running,
             "streams": {k[8:]: v for k, v in engine.stats().items() if k.startswith("streams_")},
-        })
+        }, status_code=503 if failed else 200)
 
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(svc.metrics.render(engine.stats()), media_type="text/plain; version=0.0.4")

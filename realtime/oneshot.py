@@ -80,7 +80,7 @@ def segments_of(req: P.TTSRequest) -> list[str]:
 async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
     """Encoded audio chunks for the whole request. Raises OneShotError before the first
     chunk for errors a client caused (the HTTP status can still say so)."""
-    from engine.engine import Refused
+    from engine.engine import EngineFailed, Refused
 
     segments = segments_of(req)
     if not segments:
@@ -96,6 +96,8 @@ async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
         handle = svc.engine.open(voice, svc.stream_params(req), sink)
     except Refused as e:
         raise OneShotError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+    except EngineFailed as e:
+        raise OneShotError(P.ErrorCode.INTERNAL, str(e)) from None
 
     def overflow() -> None:
         svc.metrics.errors[P.ErrorCode.TOO_LARGE.value] += 1

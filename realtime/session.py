@@ -22,7 +22,7 @@ from enum import Enum
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from engine.engine import Refused
+from engine.engine import EngineFailed, Refused
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
 from realtime.mailbox import LoopMailbox
@@ -247,6 +247,8 @@ class LiveSession:
             self.handle = self.svc.engine.open(voice, self.svc.stream_params(req), EngineSink(self, self.svc.mailbox()))
         except Refused as e:
             raise SessionError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+        except EngineFailed as e:
+            raise SessionError(P.ErrorCode.INTERNAL, str(e)) from None
         self.state = State.PREPARING
         if req.text:
             self._text(req.text)

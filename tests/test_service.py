@@ -603,3 +603,46 @@ def test_an_http_client_that_does_not_read_frees_its_slot(tmp_path):
         sock.close()
     assert received.startswith(b"HTTP/1.1 200") and received.endswith(b"0\r\n\r\n")  # chunked, ended cleanly
     assert len(received) < 1500 * HOP * 2  # it ended early
+
+
+@pytest.mark.parametrize("thread, target", [("decode", "sched.decode_batch"), ("prefill", "sched.next_prefills"),
+                                            ("codec", "codec._process")])
+def test_a_stopped_engine_thread_fails_streams_and_health_loudly(tmp_path, thread, target):
+    """A bug that stops one of the engine's worker threads (injected here: the named method
+    raises) must not leave clients waiting forever on a service that calls itself healthy:
+    open streams get error {internal} naming the thread, new ones are refused with it (live
+    and HTTP), /v1/health answers 503 with the reason and /metrics engine_up is 0."""
+    with running_server(tmp_path, engine=EngineConfig(max_running=2, max_queued=2, max_len=2048),
+                        ignore_end=True) as s:
+        engine = s.services.engine
+        owner_name, method = target.split(".")
+        owner = getattr(engine, owner_name)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected fault")
+
+        async def main():
+            async with websockets.connect(s.ws_url) as ws:
+                await ws.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 2000}}))
+                await ws.send(msgpack.packb({"event": "text", "text": "Talk for a long while please."}))
+                await ws.send(msgpack.packb({"event": "flush"}))
+                while msgpack.unpackb(await ws.recv())["event"] != "audio":
+                    pass
+                setattr(owner, method, broken)
+                events = []
+                async with asyncio.timeout(30):
+                    async for frame in ws:
+                        events.append(msgpack.unpackb(frame))
+            refused = await session(s.ws_url, {"format": "pcm"})
+            return events, refused
+
+        events, refused = run(main())
+        expect_error(events, "internal", f"the engine's {thread} thread stopped (RuntimeError: injected fault)")
+        expect_error(refused, "internal", "restart the service")
+        health = httpx.get(s.http_url + "/v1/health")
+        assert health.status_code == 503 and health.json()["status"] == "error"
+        assert f"{thread} thread stopped" in health.json()["error"]
+        assert "engine_up 0" in httpx.get(s.http_url + "/metrics").text
+        r = httpx.post(s.http_url + "/v1/tts", content=msgpack.packb({"text": "Hi.", "format": "pcm"}),
+                       headers={"content-type": "application/msgpack"})
+        assert r.status_code == 500 and "restart the service" in r.json()["message"]
