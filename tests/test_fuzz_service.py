@@ -37,7 +37,11 @@ def random_request(rng: random.Random) -> dict:
                          ("top_k", [0, 1, 128, 10**12]), ("chunk_length", [100, 300, 99]),
                          ("reference_id", ["nope", "../../etc/passwd", "a" * 200]),
                          ("prosody", [{"speed": 0.5, "volume": -20}, {"speed": 0.0}, [], None]),
-                         ("seed", [0, 2**31 - 1, 2**40, None])):
+                         ("seed", [0, 2**31 - 1, 2**40, None]), ("normalize", [True, False, "no"]),
+                         ("condition_on_previous_chunks", [True, False]), ("early_stop_threshold", [0.0, 0.5, 1.0]),
+                         ("repetition_penalty", [0.5, 1.0, 2.0, 3.0]), ("min_chunk_length", [0, 300, 301]),
+                         ("ignore_end", [True, False]), ("mp3_bitrate", [64, 192, 100]),
+                         ("opus_bitrate", [-1000, 24, 64, 7])):
         if rng.random() < 0.25:
             r[key] = rng.choice(choices)
     if rng.random() < 0.2:
