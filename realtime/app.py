@@ -38,7 +38,7 @@ from realtime.oneshot import OneShotError, synthesize
 from realtime.services import Services
 from realtime.session import LiveSession, SessionError
 from realtime.stalls import StallSampler, watch_loop_lag
-from realtime.voices import VoiceStore, VoiceStoreError
+from realtime.voices import VoiceStore, VoiceStoreError, VoiceStoreFull
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 MEDIA_TYPES = {"mp3": "audio/mpeg", "wav": "audio/wav", "opus": "audio/ogg", "pcm": "audio/L16"}
@@ -90,7 +90,7 @@ def authorized(config: ServiceConfig, headers, query) -> bool:
 
 def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     """`engine` is started and stopped with the application."""
-    svc = Services(config, engine, Metrics(), VoiceStore(config.voices_dir, engine.bundle.config.num_codebooks))
+    svc = Services(config, engine, Metrics(), VoiceStore(config.voices_dir, engine.bundle.config.num_codebooks, config.max_voices))
 
     async def live(ws: WebSocket) -> None:
         if not authorized(config, ws.headers, ws.query_params):
@@ -185,6 +185,8 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
             return error_response(e.code, e.message, svc.metrics)
         except VoiceStoreError as e:
             return error_response(P.ErrorCode.INVALID_FIELD, str(e), svc.metrics)
+        except VoiceStoreFull as e:
+            return error_response(P.ErrorCode.TOO_LARGE, str(e), svc.metrics)
         except ValueError as e:  # AudioError: undecodable, empty or too long reference audio
             return error_response(P.ErrorCode.BAD_AUDIO, str(e), svc.metrics)
         return JSONResponse(voice.summary(), status_code=201)

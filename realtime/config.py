@@ -32,6 +32,7 @@ class ServiceConfig:
     # slots are limited separately by max_running / max_queued): more are refused at the
     # handshake with 503, so idle sockets cannot exhaust the process's file descriptors
     max_connections: int = 1024
+    max_voices: int = 1000  # stored voices (POST /v1/voices); more are refused until one is deleted
     ready_timeout_s: float = 120.0  # open-to-ready longer than this is an error
     max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection or HTTP response (slow readers)
     demo_page: bool = True
@@ -43,8 +44,8 @@ class ServiceConfig:
             raise ValueError("port must be in 1..65535")
         if self.idle_timeout_s <= 0 or self.ready_timeout_s <= 0 or self.start_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
+        if self.max_connections < 1 or self.max_voices < 0:
+            raise ValueError("max_connections must be at least 1 and max_voices at least 0")
 
 
 def parse_args(argv: list[str] | None = None) -> ServiceConfig:
@@ -108,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                    help="seconds a new connection may take to send its start message")
     p.add_argument("--max-connections", type=int, default=1024,
                    help="live WebSocket connections at once; more are refused at the handshake (503)")
+    p.add_argument("--max-voices", type=int, default=1000,
+                   help="stored voices (POST /v1/voices); more are refused (413) until one is deleted")
     p.add_argument("--max-message-mb", type=float, default=16.0, help="largest WebSocket frame / HTTP body")
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text event")
     p.add_argument("--max-buffered-chars", type=int, default=100_000, help="text received but not yet spoken")
@@ -158,6 +161,7 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
         idle_timeout_s=a.idle_timeout,
         start_timeout_s=a.start_timeout,
         max_connections=a.max_connections,
+        max_voices=a.max_voices,
         demo_page=not a.no_demo,
         ignore_end=a.ignore_end,
         debug_stalls=a.debug_stalls,

@@ -26,6 +26,10 @@ from engine.voice import ReferenceInput, VoiceInput
 VOICE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+class VoiceStoreFull(Exception):
+    """The store holds its most voices (ServiceConfig.max_voices)."""
+
+
 class VoiceStoreError(ValueError):
     pass
 
@@ -48,7 +52,8 @@ class StoredVoice:
 
 
 class VoiceStore:
-    def __init__(self, root: Path, num_codebooks: int) -> None:
+    def __init__(self, root: Path, num_codebooks: int, max_voices: int = 1000) -> None:
+        self.max_voices = max_voices
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.num_codebooks = num_codebooks
@@ -89,6 +94,8 @@ class VoiceStore:
         with self._lock:
             if voice_id in self._voices:
                 raise VoiceStoreError(f"voice {voice_id!r} already exists")
+            if len(self._voices) >= self.max_voices:
+                raise VoiceStoreFull(f"the voice store is full ({self.max_voices} voices, --max-voices): delete one first")
             self._write(voice)
             self._voices[voice_id] = voice
         return voice
