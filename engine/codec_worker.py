@@ -556,6 +556,8 @@ class CodecWorker:
                 for s in part:
                     if self.on_error:
                         self.on_error(chunks[s][0].owner, e)
+                if isinstance(e, torch.AcceleratorError):  # the GPU itself: engine.device_lost
+                    raise
                 continue
             self.calls += 1
             self.frames_decoded += n * len(part)

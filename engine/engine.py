@@ -174,6 +174,15 @@ class EngineError(Exception):
         self.message = message
 
 
+def device_lost(e: BaseException) -> bool:
+    """An error of the GPU itself (torch.AcceleratorError: an illegal address, a failed
+    launch, ...), not of one stream's input: CUDA's context is usually unusable after it
+    (the error is sticky), so every later step would fail one by one. The worker thread
+    that hit it stops instead, and the engine reports itself failed (Engine._failed) so a
+    supervisor restarts the process."""
+    return isinstance(e, torch.AcceleratorError)
+
+
 class EngineFailed(Exception):
     """One of the engine's worker threads stopped: no stream can be served until a restart."""
 
@@ -428,6 +437,8 @@ class Engine:
             return True
         except Exception as e:
             self._fail_work(work, e)
+            if device_lost(e):
+                raise  # the thread's guard: the engine stops serving (Engine._failed)
             return False
 
     def _fail_work(self, work: PrefillWork, e: Exception) -> None:
@@ -513,6 +524,8 @@ class Engine:
         except Exception as e:  # the whole batch failed: every stream in it hears why
             for work, _, _ in items:
                 self._fail_work(work, e)
+            if device_lost(e):
+                raise
             return
         for t in timings:
             if t is not None:
@@ -605,6 +618,8 @@ class Engine:
                 failed = {id(st): st for st in [*batch, *(pending[1] if pending is not None else [])]}
                 self._fail_decoding(list(failed.values()), e)
                 pending = None
+                if device_lost(e):
+                    raise
 
     def _fail_decoding(self, streams: list[Stream], e: Exception) -> None:
         """A decode step raised: the streams it held (in the failed step, or in the step

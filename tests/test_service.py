@@ -13,6 +13,7 @@ import httpx
 import msgpack
 import numpy as np
 import pytest
+import torch
 import websockets
 
 from engine.engine import EngineConfig
@@ -624,13 +625,22 @@ def test_an_http_client_that_does_not_read_frees_its_slot(tmp_path):
     assert len(received) < 1500 * HOP * 2  # it ended early
 
 
-@pytest.mark.parametrize("thread, target", [("decode", "sched.decode_batch"), ("prefill", "sched.next_prefills"),
-                                            ("codec", "codec._process")])
-def test_a_stopped_engine_thread_fails_streams_and_health_loudly(tmp_path, thread, target):
+ILLEGAL_ADDRESS = "CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize("thread, target, error", [
+    ("decode", "sched.decode_batch", RuntimeError), ("prefill", "sched.next_prefills", RuntimeError),
+    ("codec", "codec._process", RuntimeError),
+    # an error of the GPU itself inside the per-step error handling (engine.device_lost)
+    ("decode", "runner.launch", "device"), ("codec", "codec._call", "device"),
+])
+def test_a_stopped_engine_thread_fails_streams_and_health_loudly(tmp_path, thread, target, error):
     """A bug that stops one of the engine's worker threads (injected here: the named method
-    raises) must not leave clients waiting forever on a service that calls itself healthy:
-    open streams get error {internal} naming the thread, new ones are refused with it (live
-    and HTTP), /v1/health answers 503 with the reason and /metrics engine_up is 0."""
+    raises), or an error of the GPU itself where one stream's failure is otherwise caught
+    (after it CUDA's context is unusable), must not leave clients waiting forever on a
+    service that calls itself healthy: open streams get error {internal}, new ones are
+    refused naming the thread (live and HTTP), /v1/health answers 503 with the reason and
+    /metrics engine_up is 0."""
     with running_server(tmp_path, engine=EngineConfig(max_running=2, max_queued=2, max_len=2048),
                         ignore_end=True) as s:
         engine = s.services.engine
@@ -638,7 +648,7 @@ def test_a_stopped_engine_thread_fails_streams_and_health_loudly(tmp_path, threa
         owner = getattr(engine, owner_name)
 
         def broken(*args, **kwargs):
-            raise RuntimeError("injected fault")
+            raise torch.AcceleratorError(ILLEGAL_ADDRESS) if error == "device" else RuntimeError("injected fault")
 
         async def main():
             async with websockets.connect(s.ws_url) as ws:
@@ -656,11 +666,13 @@ def test_a_stopped_engine_thread_fails_streams_and_health_loudly(tmp_path, threa
             return events, refused
 
         events, refused = run(main())
-        expect_error(events, "internal", f"the engine's {thread} thread stopped (RuntimeError: injected fault)")
-        expect_error(refused, "internal", "restart the service")
+        cause = f"AcceleratorError: {ILLEGAL_ADDRESS}" if error == "device" else "RuntimeError: injected fault"
+        # (a device error reaches the stream first as its own step's failure)
+        expect_error(events, "internal", ILLEGAL_ADDRESS if error == "device" else f"the engine's {thread} thread stopped")
+        expect_error(refused, "internal", f"the engine's {thread} thread stopped ({cause}); restart the service")
         health = httpx.get(s.http_url + "/v1/health")
         assert health.status_code == 503 and health.json()["status"] == "error"
-        assert f"{thread} thread stopped" in health.json()["error"]
+        assert f"{thread} thread stopped ({cause})" in health.json()["error"]
         assert "engine_up 0" in httpx.get(s.http_url + "/metrics").text
         r = httpx.post(s.http_url + "/v1/tts", content=msgpack.packb({"text": "Hi.", "format": "pcm"}),
                        headers={"content-type": "application/msgpack"})
