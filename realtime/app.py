@@ -90,7 +90,8 @@ def authorized(config: ServiceConfig, headers, query) -> bool:
 
 def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
     """`engine` is started and stopped with the application."""
-    svc = Services(config, engine, Metrics(), VoiceStore(config.voices_dir, engine.bundle.config.num_codebooks, config.max_voices))
+    voices = VoiceStore(config.voices_dir, engine.bundle.config.num_codebooks, config.max_voices)
+    svc = Services(config, engine, Metrics(), voices)
 
     async def live(ws: WebSocket) -> None:
         if not authorized(config, ws.headers, ws.query_params):
@@ -149,7 +150,8 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
         b = engine.bundle
         failed = engine.failure is not None  # a worker thread stopped: 503, so a supervisor restarts it
         return JSONResponse({
-            "status": "error" if failed else "ok", **({"error": engine.failure} if failed else {}), "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
+            "status": "error" if failed else "ok", **({"error": engine.failure} if failed else {}),
+            "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
             "sample_rate": engine.sample_rate, "max_running": engine.config.max_running,
             "streams": {k[8:]: v for k, v in engine.stats().items() if k.startswith("streams_")},
         }, status_code=503 if failed else 200)
