@@ -51,7 +51,6 @@ time was spent holding the GIL that the prefill and decode threads need too.
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
 import time
@@ -64,9 +63,8 @@ import torch
 
 from engine.codec.streaming import StreamingDecoder
 from engine.graphs import capture
+from engine.gpu_errors import device_lost
 from engine.timeshare import Phases
-
-log = logging.getLogger("engine.codec_worker")
 
 
 @dataclass(slots=True)
@@ -208,7 +206,7 @@ class CodecWorker:
             self._call_began = torch.cuda.Event(enable_timing=True)
             self._call_ended = torch.cuda.Event(enable_timing=True)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run_guarded, name="codec", daemon=True)
+        self._thread: threading.Thread | None = None  # made by start()
         self.frames_decoded = 0
         self.frames_padded = 0  # frames of the padding rows (scratch slot) of those calls
         self.calls = 0
@@ -217,14 +215,16 @@ class CodecWorker:
         self.phases = Phases("idle", "decode", "deliver")
         self.gpu_s = 0.0  # GPU seconds of the decode calls (graph replays), by timing events
         self.on_error = None  # callable(owner, exc), set by the engine
-        self.on_crash = None  # callable(exc): the thread stopped (set by the engine)
 
-    def start(self) -> None:
+    def start(self, guard=None) -> None:
+        """Start the thread; `guard` wraps its loop (the engine's: a crash stops serving)."""
+        self._thread = threading.Thread(target=guard(self._run) if guard else self._run, name="codec", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._queue.put(_STOP)
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def depth(self) -> int:
         return self._queue.qsize() + len(self._inbox)  # the inbox: items taken mid-round (cut_in)
@@ -246,14 +246,6 @@ class CodecWorker:
 
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-
-    def _run_guarded(self) -> None:
-        try:
-            self._run()
-        except Exception as e:  # a failed call is reported per stream (_decode_group); this is the rest
-            log.exception("the codec worker thread crashed")
-            if self.on_crash is not None:
-                self.on_crash(e)
 
     def _run(self) -> None:
         while True:
@@ -556,7 +548,7 @@ class CodecWorker:
                 for s in part:
                     if self.on_error:
                         self.on_error(chunks[s][0].owner, e)
-                if isinstance(e, torch.AcceleratorError):  # the GPU itself: engine.device_lost
+                if device_lost(e):  # the GPU itself: the thread stops (its guard fails the engine)
                     raise
                 continue
             self.calls += 1

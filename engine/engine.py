@@ -31,6 +31,7 @@ import torch
 from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
 from engine.codec_worker import CHUNKS, CodecWorker, batch_buckets, chunk_sizes
+from engine.gpu_errors import device_lost
 from engine.kv_cache import KV_QUANTS
 from engine.prompt import Reference, Voice
 from engine.runner import MAX_PREFILL_BATCH, Runner
@@ -174,15 +175,6 @@ class EngineError(Exception):
         self.message = message
 
 
-def device_lost(e: BaseException) -> bool:
-    """An error of the GPU itself (torch.AcceleratorError: an illegal address, a failed
-    launch, ...), not of one stream's input: CUDA's context is usually unusable after it
-    (the error is sticky), so every later step would fail one by one. The worker thread
-    that hit it stops instead, and the engine reports itself failed (Engine._failed) so a
-    supervisor restarts the process."""
-    return isinstance(e, torch.AcceleratorError)
-
-
 class EngineFailed(Exception):
     """One of the engine's worker threads stopped: no stream can be served until a restart."""
 
@@ -263,7 +255,6 @@ class Engine:
                                  cut_in=c.codec_cut_in and not c.naive,
                                  bucket_step=c.codec_bucket_step, silent=c.codec_silent)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
-        self.codec.on_crash = lambda e: self._failed("codec", e)
         # why the engine cannot serve (a worker thread stopped), None while it can: open()
         # refuses new streams with it, and the service's health check reports it
         self.failure: str | None = None
@@ -295,7 +286,7 @@ class Engine:
         if self.bundle.device.type == "cpu":  # before the engine's threads first run an op
             torch.set_num_threads(self.config.cpu_threads or cpu_threads_auto())
         self.codec.warm_up()
-        self.codec.start()
+        self.codec.start(self._guard)
         for t in self._threads:
             t.start()
         return self

@@ -98,17 +98,19 @@ def build_app(config: ServiceConfig, engine: Engine) -> Starlette:
             svc.metrics.errors["unauthorized"] += 1
             await _deny(ws, unauthorized_response())
             return
-        if svc.connections >= config.max_connections:
-            svc.metrics.errors[P.ErrorCode.BUSY.value] += 1
+        m = svc.metrics
+        if m.sessions_active >= config.max_connections:
+            m.errors[P.ErrorCode.BUSY.value] += 1
             await _deny(ws, _error_json(P.ErrorCode.BUSY.value, f"server busy: {config.max_connections} connections "
                                         "are open (--max-connections)", 503))
             return
-        svc.connections += 1  # counted before the first await: no two handshakes take the last place
+        m.sessions_active += 1  # counted before the first await: no two handshakes take the last place
+        m.sessions_total += 1
         try:
             await ws.accept()
             await LiveSession(ws, svc).run()
         finally:
-            svc.connections -= 1
+            m.sessions_active -= 1
 
     async def unknown_ws(ws: WebSocket) -> None:
         path = ws.url.path[:200]  # the client's own path, echoed back (bounded)

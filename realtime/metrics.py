@@ -39,7 +39,7 @@ class Histogram:
 
 class Metrics:
     def __init__(self) -> None:
-        self.sessions_active = 0
+        self.sessions_active = 0  # live WebSocket connections (realtime/app.py admits up to --max-connections)
         self.sessions_total = 0
         self.ttfa = Histogram(TTFA_BUCKETS)
         self.open_to_ready = Histogram(TTFA_BUCKETS)

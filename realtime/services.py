@@ -24,7 +24,6 @@ class Services:
     metrics: Metrics
     voices: VoiceStore
     _mailbox: LoopMailbox | None = field(default=None, init=False, repr=False)
-    connections: int = field(default=0, init=False)  # live WebSocket connections (on the loop)
 
     def mailbox(self) -> LoopMailbox:
         """The running loop's mailbox for engine events (one per loop, shared by sessions)."""

@@ -98,8 +98,6 @@ class LiveSession:
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._writer())
-        self.svc.metrics.sessions_active += 1
-        self.svc.metrics.sessions_total += 1
         try:
             await self._receive_loop()
         except WebSocketDisconnect:
@@ -115,7 +113,6 @@ class LiveSession:
                 self._closing = True
                 self._out.put_nowait(None)
             await writer
-            self.svc.metrics.sessions_active -= 1
 
     async def _receive_loop(self) -> None:
         while not self._closing:
