@@ -105,6 +105,17 @@ class FP8FeedForward(nn.Module):
         self.kernel = kernel
         self.swiglu_epilogue = swiglu_epilogue  # w13's rows interleaved: see the class docstring
 
+    @property
+    def kernel(self) -> bool:
+        return self.w13.kernel
+
+    @kernel.setter
+    def kernel(self, on: bool) -> None:
+        # one switch for the whole block: w13 and w2 run as FP8Linear modules on the unfused
+        # path, so a flag of this module's own would leave w13 on the kernel while the rest
+        # ran the reference (a GPU-only mismatch: on the CPU both are the reference)
+        self.w13.kernel = self.w2.kernel = on
+
     @classmethod
     def from_feed_forward(cls, ff: FeedForward, kernel: bool = True, swiglu_epilogue: bool = False) -> "FP8FeedForward":
         # one weight [2H, D]: gate rows then up rows (a block may straddle the seam when

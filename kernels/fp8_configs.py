@@ -19,46 +19,46 @@ Regenerate on the GPU with `bash scripts/gpu_check.sh adopt` (it writes this fil
 and returns it); the table below is from the run of 2026-12-01 at commit b53c62f.
 """
 
-TUNED_ON = 'NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-12-01 (latency_bench.kernel_sweep)'
+TUNED_ON = 'NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-12-06 (latency_bench.kernel_sweep)'
 TUNED: dict[tuple[int, int, int], tuple] = {  # GemmConfig's fields in order
-    (6144, 2560, 1): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # wqkv, 8.35 us
-    (6144, 2560, 2): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # wqkv, 8.56 us
-    (6144, 2560, 4): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # wqkv, 8.64 us
-    (6144, 2560, 8): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # wqkv, 8.76 us
-    (6144, 2560, 16): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # wqkv, 9.12 us
-    (6144, 2560, 32): (32, 256, True, 5, 8, 3, True, True, 'triton'),  # wqkv, 10.62 us
-    (6144, 2560, 64): (16, 64, True, 1, 4, 4, True, False, 'cublas'),  # wqkv, 12.42 us
-    (6144, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas'),  # wqkv, 12.79 us
-    (2560, 4096, 1): (16, 128, True, 6, 8, 3, True, True, 'triton'),  # wo, 8.12 us
-    (2560, 4096, 2): (16, 128, True, 6, 8, 3, True, True, 'triton'),  # wo, 8.16 us
-    (2560, 4096, 4): (16, 128, True, 6, 8, 3, True, True, 'triton'),  # wo, 8.29 us
-    (2560, 4096, 8): (16, 128, True, 6, 8, 3, True, True, 'triton'),  # wo, 8.34 us
-    (2560, 4096, 16): (16, 64, True, 6, 4, 3, True, True, 'triton'),  # wo, 8.56 us
-    (2560, 4096, 32): (32, 128, True, 6, 8, 3, True, True, 'triton'),  # wo, 9.52 us
-    (2560, 4096, 64): (64, 128, False, 6, 8, 4, True, False, 'triton'),  # wo, 11.20 us
-    (2560, 4096, 128): (64, 128, False, 3, 4, 3, True, False, 'triton'),  # wo, 13.64 us
-    (9728, 2560, 1): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # w1/w3, 10.63 us
-    (9728, 2560, 2): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # w1/w3, 10.72 us
-    (9728, 2560, 4): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # w1/w3, 10.77 us
-    (9728, 2560, 8): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # w1/w3, 10.88 us
-    (9728, 2560, 16): (16, 128, True, 5, 8, 3, True, True, 'triton'),  # w1/w3, 11.45 us
-    (9728, 2560, 32): (16, 64, True, 1, 4, 4, True, False, 'cublas'),  # w1/w3, 12.88 us
-    (9728, 2560, 64): (16, 64, True, 1, 4, 4, True, False, 'cublas'),  # w1/w3, 13.18 us
-    (9728, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas'),  # w1/w3, 13.33 us
-    (2560, 9728, 1): (16, 128, True, 6, 8, 4, True, False, 'triton'),  # w2, 13.01 us
-    (2560, 9728, 2): (16, 128, True, 6, 8, 4, True, False, 'triton'),  # w2, 13.14 us
-    (2560, 9728, 4): (16, 128, True, 6, 8, 4, True, False, 'triton'),  # w2, 13.18 us
-    (2560, 9728, 8): (16, 128, True, 6, 8, 4, True, False, 'triton'),  # w2, 13.28 us
-    (2560, 9728, 16): (16, 128, True, 6, 8, 4, True, False, 'triton'),  # w2, 13.89 us
-    (2560, 9728, 32): (32, 128, True, 6, 8, 4, True, False, 'triton'),  # w2, 14.61 us
-    (2560, 9728, 64): (64, 128, False, 6, 8, 4, True, False, 'triton'),  # w2, 16.75 us
-    (2560, 9728, 128): (64, 128, False, 6, 4, 3, True, False, 'triton'),  # w2, 22.38 us
-    (19456, 2560, 1): (16, 64, True, 2, 4, 3, True, True, 'triton'),  # w13, 17.10 us
-    (19456, 2560, 2): (16, 64, True, 2, 4, 3, True, True, 'triton'),  # w13, 17.39 us
-    (19456, 2560, 4): (16, 64, True, 2, 4, 3, True, True, 'triton'),  # w13, 17.65 us
-    (19456, 2560, 8): (16, 128, True, 2, 8, 3, True, True, 'triton'),  # w13, 17.98 us
-    (19456, 2560, 16): (16, 128, True, 2, 8, 3, True, True, 'triton'),  # w13, 18.86 us
-    (19456, 2560, 32): (32, 128, True, 1, 8, 4, True, False, 'triton'),  # w13, 19.44 us
-    (19456, 2560, 64): (64, 128, False, 1, 8, 4, True, False, 'triton'),  # w13, 23.40 us
-    (19456, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas'),  # w13, 24.54 us
+    (6144, 2560, 1): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 9.16 us
+    (6144, 2560, 2): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 9.80 us
+    (6144, 2560, 4): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 9.88 us
+    (6144, 2560, 8): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 10.01 us
+    (6144, 2560, 16): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 10.31 us
+    (6144, 2560, 32): (32, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # wqkv, 11.68 us
+    (6144, 2560, 64): (64, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # wqkv, 12.20 us
+    (6144, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # wqkv, 13.01 us
+    (2560, 4096, 1): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.87 us
+    (2560, 4096, 2): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.83 us
+    (2560, 4096, 4): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.89 us
+    (2560, 4096, 8): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.96 us
+    (2560, 4096, 16): (16, 64, True, 6, 4, 3, True, True, 'triton', False, 0, False),  # wo, 8.98 us
+    (2560, 4096, 32): (32, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 9.98 us
+    (2560, 4096, 64): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # wo, 11.51 us
+    (2560, 4096, 128): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # wo, 13.41 us
+    (9728, 2560, 1): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.31 us
+    (9728, 2560, 2): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.30 us
+    (9728, 2560, 4): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.30 us
+    (9728, 2560, 8): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.46 us
+    (9728, 2560, 16): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 14.08 us
+    (9728, 2560, 32): (32, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # w1/w3, 14.22 us
+    (9728, 2560, 64): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # w1/w3, 14.71 us
+    (9728, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # w1/w3, 15.04 us
+    (2560, 9728, 1): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.31 us
+    (2560, 9728, 2): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.60 us
+    (2560, 9728, 4): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.65 us
+    (2560, 9728, 8): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.79 us
+    (2560, 9728, 16): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.69 us
+    (2560, 9728, 32): (32, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 16.61 us
+    (2560, 9728, 64): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 18.07 us
+    (2560, 9728, 128): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 23.90 us
+    (19456, 2560, 1): (16, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # w13, 22.08 us
+    (19456, 2560, 2): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 21.61 us
+    (19456, 2560, 4): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 21.96 us
+    (19456, 2560, 8): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 22.26 us
+    (19456, 2560, 16): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 21.86 us
+    (19456, 2560, 32): (32, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # w13, 23.07 us
+    (19456, 2560, 64): (64, 64, False, 1, 4, 4, True, False, 'triton', True, 0, False),  # w13, 24.45 us
+    (19456, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # w13, 29.61 us
 }

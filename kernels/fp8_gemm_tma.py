@@ -30,6 +30,9 @@ kernel otherwise.
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -51,12 +54,22 @@ def tma_ready(*operands: Tensor) -> bool:
     16-byte aligned base and row stride)."""
     if TensorDescriptor is None:
         return False
+    if operands and operands[0].is_cuda and not _has_tma(operands[0].device.index):
+        return False  # before Hopper (e.g. an sm89 card, which has e4m3 but no TMA): the pointer kernel
     for x in operands:
         if x.ndim != 2 or x.stride(1) != 1:
             return False
         if (x.stride(0) * x.element_size()) % TMA_ALIGN or x.data_ptr() % TMA_ALIGN:
             return False
     return True
+
+
+@functools.cache
+def _has_tma(device_index: int | None) -> bool:
+    """TMA copies exist from compute capability 9.0 (Hopper) on. The tuned table
+    (kernels/fp8_configs.py) names the TMA kernel for some shapes; on an older card those
+    calls take the pointer kernel with the same tiles instead."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def descriptor(x: Tensor, rows: int) -> "TensorDescriptor":

@@ -1,0 +1,64 @@
+"""Measured launch choices of kernels/fp8_gemm.py for the S2-Pro / Qwen3-4B linear shapes.
+
+(N, K, M class) -> (block_m, block_n, swap_ab, splits, num_warps, num_stages,
+reduce_in_kernel, quantize_in_gemm[, backend]), the fastest
+of `python -m latency_bench.kernel_sweep` (bf16 activations quantized in the kernel, the
+engine's path: w2 behind the SwiGLU); shapes and M classes not listed fall back to
+gemm_config's rule. The times are per call, bf16 activations in, inside a CUDA graph that
+streams each call's weights from HBM (latency_bench/reference/h200-s2pro/kernel_sweep.json
+holds every candidate's time). The engine's MLP runs w1 and w3 stacked (w13); their own
+entries serve a model with separate gate/up linears and the kernel benchmark's MLP.
+The fast transformer's layers have the same widths, so the same entries. Up to M = 16 each
+shape has one K split (kernel_sweep.batch_invariant): a row's sums, and so a greedy
+stream's tokens, do not depend on how many streams share its step there (w2 takes 6
+splits at M = 1 and 16 instead of the fastest 10: +0.14 / +0.02 us). Larger batches
+change wqkv's, w13's and wo's split counts or go to cuBLAS's block-scaled GEMM
+(backend 'cublas': wqkv from M = 64, w13 at 128), so their rows can differ in the last bits.
+
+Regenerate on the GPU with `bash scripts/gpu_check.sh adopt` (it writes this file's table
+and returns it); the table below is from the run of 2026-12-01 at commit b53c62f.
+"""
+
+TUNED_ON = 'NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-12-06 (latency_bench.kernel_sweep)'
+TUNED: dict[tuple[int, int, int], tuple] = {  # GemmConfig's fields in order
+    (6144, 2560, 1): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 9.16 us
+    (6144, 2560, 2): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 9.80 us
+    (6144, 2560, 4): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 9.88 us
+    (6144, 2560, 8): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 10.01 us
+    (6144, 2560, 16): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # wqkv, 10.31 us
+    (6144, 2560, 32): (32, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # wqkv, 11.68 us
+    (6144, 2560, 64): (64, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # wqkv, 12.20 us
+    (6144, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # wqkv, 13.01 us
+    (2560, 4096, 1): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.87 us
+    (2560, 4096, 2): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.83 us
+    (2560, 4096, 4): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.89 us
+    (2560, 4096, 8): (16, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 8.96 us
+    (2560, 4096, 16): (16, 64, True, 6, 4, 3, True, True, 'triton', False, 0, False),  # wo, 8.98 us
+    (2560, 4096, 32): (32, 128, True, 6, 8, 3, True, True, 'triton', False, 0, False),  # wo, 9.98 us
+    (2560, 4096, 64): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # wo, 11.51 us
+    (2560, 4096, 128): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # wo, 13.41 us
+    (9728, 2560, 1): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.31 us
+    (9728, 2560, 2): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.30 us
+    (9728, 2560, 4): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.30 us
+    (9728, 2560, 8): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 13.46 us
+    (9728, 2560, 16): (16, 128, True, 5, 8, 3, True, True, 'triton', False, 0, False),  # w1/w3, 14.08 us
+    (9728, 2560, 32): (32, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # w1/w3, 14.22 us
+    (9728, 2560, 64): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # w1/w3, 14.71 us
+    (9728, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # w1/w3, 15.04 us
+    (2560, 9728, 1): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.31 us
+    (2560, 9728, 2): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.60 us
+    (2560, 9728, 4): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.65 us
+    (2560, 9728, 8): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.79 us
+    (2560, 9728, 16): (16, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 15.69 us
+    (2560, 9728, 32): (32, 64, True, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 16.61 us
+    (2560, 9728, 64): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 18.07 us
+    (2560, 9728, 128): (64, 64, False, 4, 4, 4, True, False, 'triton', True, 0, False),  # w2, 23.90 us
+    (19456, 2560, 1): (16, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # w13, 22.08 us
+    (19456, 2560, 2): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 21.61 us
+    (19456, 2560, 4): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 21.96 us
+    (19456, 2560, 8): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 22.26 us
+    (19456, 2560, 16): (16, 64, True, 1, 4, 4, True, True, 'triton', True, 0, False),  # w13, 21.86 us
+    (19456, 2560, 32): (32, 64, True, 1, 4, 4, True, False, 'triton', True, 0, False),  # w13, 23.07 us
+    (19456, 2560, 64): (64, 64, False, 1, 4, 4, True, False, 'triton', True, 0, False),  # w13, 24.45 us
+    (19456, 2560, 128): (16, 64, True, 1, 4, 4, True, False, 'cublas', False, 0, False),  # w13, 29.61 us
+}
