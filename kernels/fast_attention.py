@@ -9,9 +9,11 @@
 A frame has at most C positions (one per codebook, 10 for S2-Pro), so a KV head's keys
 fit in registers: one program per (row, KV head) loads them once for the query heads
 that share them, takes a softmax in fp32 and the weighted sum, with no tensor cores and
-no split. On an H200 at batch 64 a call takes 8.4 us (one program per query head took
-13.7, as long as flash attention); at batch 1, 4.0 us (one per query head: 2.7, more
-programs for 8 KV heads; flash attention 5.5): a per-batch choice is left to do. It replaces
+no split. On an H200 at batch 64 a call took 8.4 us with 4 warps (one program per query
+head took 13.7, as long as flash attention); at batch 1, 4.0 us (one per query head: 2.7,
+more programs for 8 KV heads; flash attention 5.5). The warps a program now follow the
+grid (`warps_for`): one warp from batch ~50 at 8 KV heads, 1.6x faster there on an H100
+(7.4 -> 4.5 us a call, ~0.11 ms of a batch-54 step). It replaces
 PyTorch's scaled_dot_product_attention (flash attention, 128-position tiles for a
 handful of keys): 40 calls a decode step at the s2-pro shape, 0.22 ms at batch 1 and
 0.55 ms at batch 64 on an H200 (latency_bench/profile_step.py).
@@ -79,20 +81,34 @@ def _check(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int) -> None:
         raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype}, {v_cache.dtype}) must share a dtype")
 
 
-def fast_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int) -> Tensor:
-    """See the module docstring."""
+def warps_for(programs: int) -> int:
+    """Warps a program for a grid of `programs` (rows x KV heads). Measured on an H100
+    (latency_bench.fast_attention_bench, S2-Pro fast heads, 2026-12-06; files in
+    latency_bench/reference/h100-s2pro/fast-attention/), us a call at 4 / 2 / 1 warps:
+    batch 1 3.4 / 3.6 / 3.9, 16 3.6 / 3.9 / 4.5, 32 4.7 / 4.0 / 4.4, 54 7.4 / 5.2 / 4.5,
+    64 7.4 / 5.3 / 4.5. Once the grid fills the SMs a few times over, a program's few
+    KiB are load latency that more programs a SM hide better than more warps a program."""
+    if programs < 256:
+        return 4
+    return 2 if programs < 400 else 1
+
+
+def fast_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int, num_warps: int | None = None) -> Tensor:
+    """See the module docstring. `num_warps`: a launch choice for
+    latency_bench.fast_attention_bench (None: `warps_for` the grid)."""
     _check(q, k_cache, v_cache, step)
     b, h, d = q.shape
     out = torch.empty_like(q)
     if b:
         group = h // k_cache.shape[2]
+        num_warps = num_warps or warps_for(b * k_cache.shape[2])
         _fast_attention_kernel[(b, k_cache.shape[2])](
             q, k_cache, v_cache, out,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
             step, d ** -0.5,
             GROUP=group, GROUP_PAD=triton.next_power_of_2(group), POS=max(2, triton.next_power_of_2(k_cache.shape[1])),
-            HEAD_DIM=d, num_warps=4, **launch_args(),
+            HEAD_DIM=d, num_warps=num_warps, **launch_args(),
         )
     return out
 

@@ -60,3 +60,25 @@ def test_bad_inputs_are_refused():
 
 def test_self_check_passes_at_the_s2_fast_shape():
     assert self_check(DEVICE, torch.bfloat16, 32, 8, 128, 10) is None
+
+
+def test_warps_change_how_it_runs_not_what_it_computes():
+    """num_warps is latency_bench.fast_attention_bench's launch choice; the default follows
+    the grid (fewer warps once rows x KV heads fill the GPU a few times over)."""
+    from kernels.fast_attention import warps_for
+
+    q, k, v = case(3, 8, 2, 16, 10, torch.float32)
+    base = fast_attention(q, k, v, 9, num_warps=4)
+    for w in (1, 2, 8):
+        torch.testing.assert_close(fast_attention(q, k, v, 9, num_warps=w), base, rtol=1e-5, atol=1e-6)
+    assert [warps_for(b * 8) for b in (1, 16, 32, 54, 64)] == [4, 4, 2, 1, 1]
+
+
+def test_fast_attention_benchmark_script_runs(tmp_path):
+    import json
+
+    from latency_bench.fast_attention_bench import main
+
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "fast_attention_bench.json").read_text())["rows"]
+    assert rows and all(r["kernel_us"] > 0 and r["pytorch_us"] > 0 for r in rows)
