@@ -338,6 +338,17 @@ attention)
         --out "$out/attention_bench" 2>&1 | tee "$out/attention_bench.log" | sort -t: -k2 -n | head -12
     tail -1 "$out/attention_bench.log"
     ;;
+attnscale)
+    # the FP8 KV read with the values' scales on the probabilities (decode_attention
+    # scale_p, built 2026-12-06, not measured) against the scales on the values, around the
+    # FP8 read's measured launch (split 512), at the c=64 load's batch and two contexts,
+    # with the bf16 read beside it; then the kernel's tests compiled (~3 min)
+    timeout 60 python3 -m pytest -q tests/test_kernel_decode_attention.py tests/test_kv_fp8.py 2>&1 | tail -2
+    for ctx in 800 1000; do
+        timeout 150 python3 -m latency_bench.attention_bench --batch 54 --context $ctx --splits 512 --blocks 32,64 \
+            --warps 1,2,4 --stages 2,3 --out "$out/attention_bench_$ctx" 2>&1 | tee "$out/attention_bench_$ctx.log" | tail -4
+    done
+    ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table
     # (GEMMs vs _scaled_mm, the MLP at M = 1) on the adopted launch table (~6 min)
