@@ -14,6 +14,7 @@
 #   bash scripts/gpu_check.sh fp8load  # FP8 load sweep c=1,16,32,64 and its gate against load-fp8.json (~3 min)
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
+#   bash scripts/gpu_check.sh followup   # 2026-12-06's open checks: fast-attention warps + PDL everywhere in the FP8 step, FP8 load gated, scale_p (~9.5 min)
 #   bash scripts/gpu_check.sh attnscale  # FP8 KV read: values' scales on the probabilities vs on the values, batch 54, contexts 800/1000 (~3 min)
 #   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
 #   bash scripts/gpu_check.sh attnlaunch  # decode attention's measured launch vs the short splits: tests, engine step, bf16 and FP8 KV (~4 min)
@@ -362,6 +363,20 @@ attnscale)
         timeout 150 python3 -m latency_bench.attention_bench --batch 54 --context $ctx --splits 512 --blocks 32,64 \
             --warps 1,2,4 --stages 2,3 --out "$out/attention_bench_$ctx" 2>&1 | tee "$out/attention_bench_$ctx.log" | tail -4
     done
+    ;;
+followup)
+    # what 2026-12-06 left for the next call, in one (carry .whl/serve; ~9.5 min): the fast
+    # attention's warps by grid and PDL at every batch, each in the engine step (FP8, context
+    # 800, graphs vs graphs_no_pdl vs graphs_pdl_all); the FP8 load gated against this card's
+    # reference (h100-s2pro/load-fp8.json predates the warps change); the FP8 KV read's
+    # scale_p candidate against the values' scales at batch 54, context 800
+    timeout 70 python3 -m pytest -q tests/test_kernel_fast_attention.py tests/test_pdl.py 2>&1 | tail -1
+    timeout 90 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,54,64 --quant fp8 \
+        --skip-eager --pdl-baseline --steps 30 --context 800 --max-len 1536 --prompt-lengths 300 --out "$out/engine_fp8" \
+        2>&1 | grep -v Warn | grep -v prefill | tail -8
+    gated_load fp8 200
+    timeout 130 python3 -m latency_bench.attention_bench --batch 54 --context 800 --splits 512 --blocks 32,64 \
+        --warps 1,2,4 --stages 2,3 --out "$out/attention_bench_800" 2>&1 | tee "$out/attention_bench_800.log" | tail -4
     ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table
