@@ -281,8 +281,8 @@ adopt)
     # copy's kernels/fp8_configs.py (it comes back in $out to be committed), then the engine
     # step with FP8 on that table against bf16 (same run; batch 54: the c=64 load's mean
     # batch). SWEEP_ARGS adds sweep flags, SWEEP_S its time limit (default 260 s):
-    # SWEEP_ARGS="--tma --no-warp-specialize" SWEEP_S=330 TESTS_S=60 adopts the TMA kernel where it wins
-    # (2026-12-06, H100: ~30-40 s a M class without warp specialization, 8 classes)
+    # SWEEP_ARGS="--tma --no-warp-specialize" SWEEP_S=200 TESTS_S=200 adopts the TMA kernel where it wins
+    # (2026-12-06, H100: the whole sweep took 94 s; TESTS_S=60 cut the FP8 tests short, they need ~200 s)
     timeout ${TESTS_S:-130} python3 -m pytest -q "${fp8_tests[@]}" tests/test_gpu.py -k "fp8 or cublas or batch" > "$out/fp8_tests.log" 2>&1
     tail -8 "$out/fp8_tests.log"
     timeout ${SWEEP_S:-260} python3 -m latency_bench.kernel_sweep ${SWEEP_ARGS:-} --write-configs kernels/fp8_configs.py --out "$out/kernel_sweep" 2>&1 \
