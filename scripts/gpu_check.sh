@@ -357,9 +357,9 @@ attnscale)
     # the FP8 KV read with the values' scales on the probabilities (decode_attention
     # scale_p, built 2026-12-06, not measured) against the scales on the values, around the
     # FP8 read's measured launch (split 512), at the c=64 load's batch and two contexts,
-    # with the bf16 read beside it; then the kernel's tests compiled (~3 min)
+    # with the bf16 read beside it; the kernel's tests compiled first (~3 min; CONTEXTS=800: one)
     timeout 60 python3 -m pytest -q tests/test_kernel_decode_attention.py tests/test_kv_fp8.py 2>&1 | tail -2
-    for ctx in 800 1000; do
+    for ctx in ${CONTEXTS:-800 1000}; do
         timeout 150 python3 -m latency_bench.attention_bench --batch 54 --context $ctx --splits 512 --blocks 32,64 \
             --warps 1,2,4 --stages 2,3 --out "$out/attention_bench_$ctx" 2>&1 | tee "$out/attention_bench_$ctx.log" | tail -4
     done
@@ -375,8 +375,7 @@ followup)
         --skip-eager --pdl-baseline --steps 30 --context 800 --max-len 1536 --prompt-lengths 300 --out "$out/engine_fp8" \
         2>&1 | grep -v Warn | grep -v prefill | tail -8
     gated_load fp8 200
-    timeout 130 python3 -m latency_bench.attention_bench --batch 54 --context 800 --splits 512 --blocks 32,64 \
-        --warps 1,2,4 --stages 2,3 --out "$out/attention_bench_800" 2>&1 | tee "$out/attention_bench_800.log" | tail -4
+    CONTEXTS=800 bash "$0" attnscale
     ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table
