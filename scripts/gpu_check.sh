@@ -14,8 +14,7 @@
 #   bash scripts/gpu_check.sh fp8load  # FP8 load sweep c=1,16,32,64 and its gate against load-fp8.json (~3 min)
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
-#   bash scripts/gpu_check.sh followup   # 2026-12-06's open checks: fast-attention warps + PDL everywhere in the FP8 step, FP8 load gated, scale_p (~9.5 min)
-#   bash scripts/gpu_check.sh attnscale  # FP8 KV read: values' scales on the probabilities vs on the values, batch 54, contexts 800/1000 (~3 min)
+#   bash scripts/gpu_check.sh ncu        # Nsight Compute counters of the FP8 GEMMs (M = 1, 54) and decode attention (bf16, FP8 KV) (~2 min)
 #   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
 #   bash scripts/gpu_check.sh attnlaunch  # decode attention's measured launch vs the short splits: tests, engine step, bf16 and FP8 KV (~4 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
@@ -352,30 +351,6 @@ attention)
     timeout 300 python3 -m latency_bench.attention_bench --batch 64 --context 1000 --stages 1,2,3 \
         --out "$out/attention_bench" 2>&1 | tee "$out/attention_bench.log" | sort -t: -k2 -n | head -12
     tail -1 "$out/attention_bench.log"
-    ;;
-attnscale)
-    # the FP8 KV read with the values' scales on the probabilities (decode_attention
-    # scale_p, built 2026-12-06, not measured) against the scales on the values, around the
-    # FP8 read's measured launch (split 512), at the c=64 load's batch and two contexts,
-    # with the bf16 read beside it; the kernel's tests compiled first (~3 min; CONTEXTS=800: one)
-    timeout 60 python3 -m pytest -q tests/test_kernel_decode_attention.py tests/test_kv_fp8.py 2>&1 | tail -2
-    for ctx in ${CONTEXTS:-800 1000}; do
-        timeout 150 python3 -m latency_bench.attention_bench --batch 54 --context $ctx --splits 512 --blocks 32,64 \
-            --warps 1,2,4 --stages 2,3 --out "$out/attention_bench_$ctx" 2>&1 | tee "$out/attention_bench_$ctx.log" | tail -4
-    done
-    ;;
-followup)
-    # what 2026-12-06 left for the next call, in one (carry .whl/serve; ~9.5 min): the fast
-    # attention's warps by grid and PDL at every batch, each in the engine step (FP8, context
-    # 800, graphs vs graphs_no_pdl vs graphs_pdl_all); the FP8 load gated against this card's
-    # reference (h100-s2pro/load-fp8.json predates the warps change); the FP8 KV read's
-    # scale_p candidate against the values' scales at batch 54, context 800
-    timeout 70 python3 -m pytest -q tests/test_kernel_fast_attention.py tests/test_pdl.py 2>&1 | tail -1
-    timeout 90 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,54,64 --quant fp8 \
-        --skip-eager --pdl-baseline --steps 30 --context 800 --max-len 1536 --prompt-lengths 300 --out "$out/engine_fp8" \
-        2>&1 | grep -v Warn | grep -v prefill | tail -8
-    gated_load fp8 200
-    CONTEXTS=800 bash "$0" attnscale
     ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table
