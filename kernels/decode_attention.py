@@ -94,13 +94,9 @@ def _decode_attention_split_kernel(
     scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr,
-    PDL: tl.constexpr = False, SCALE_P: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
-    # SCALE_P (FP8 caches): each value's scale multiplies its probability ([G, BLOCK]) instead
-    # of its values ([BLOCK, D]), relative to the block's largest scale so that no product
-    # of a probability and a scale (powers of two) exceeds the probability; the dot's
-    # result is multiplied by that largest scale. Half the elementwise work a block.
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches, ks_ptr / vs_ptr their fp32
     # views (the scale of (row, position, head) at element HEAD_DIM / 4 of the head's slab;
     # the fp32 view's strides are the byte strides / 4)
@@ -141,12 +137,7 @@ def _decode_attention_split_kernel(
                 k_scale = tl.load(ks_row + offs_n * (stride_kl // 4), mask=valid, other=0.0)
                 v_scale = tl.load(vs_row + offs_n * (stride_vl // 4), mask=valid, other=0.0)
                 k = k.to(q.dtype)
-                if SCALE_P:
-                    v = v.to(q.dtype)  # the codes; their scales go on the probabilities below
-                    v_top = tl.max(v_scale, axis=0)  # masked positions have scale 0
-                    v_top = tl.where(v_top > 0.0, v_top, 1.0)
-                else:
-                    v = v.to(q.dtype) * v_scale[:, None].to(q.dtype)  # the values themselves (exact: powers of two)
+                v = v.to(q.dtype) * v_scale[:, None].to(q.dtype)  # the values themselves (exact: powers of two)
             elif DOT_FP32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -163,15 +154,10 @@ def _decode_attention_split_kernel(
             alpha = tl.exp(m - m_safe)
             p = tl.exp(scores - m_safe[:, None])
             l = l * alpha + tl.sum(p, axis=1)
-            p_v = p
-            if KV_FP8 and SCALE_P:
-                p_v = p * (v_scale / v_top)[None, :]
             if DOT_FP32:
-                pv = tl.dot(p_v, v, input_precision="ieee")
+                pv = tl.dot(p, v, input_precision="ieee")
             else:
-                pv = tl.dot(p_v.to(v.dtype), v)
-            if KV_FP8 and SCALE_P:
-                pv = pv * v_top
+                pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m = m_new
 
@@ -210,7 +196,6 @@ def _combine_kernel(
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_length: int | None = None,
     block: int | None = None, num_warps: int | None = None, num_stages: int | None = None, split: int | None = None,
-    scale_p: bool = False,
 ) -> Tensor:
     """Attention of one new position per stream; see the module docstring for shapes.
 
@@ -220,9 +205,7 @@ def decode_attention(
     (positions per program), `block` (positions per inner step, a power of two dividing
     `split`), `num_warps` and `num_stages` are launch choices for
     latency_bench.attention_bench; left None, `launch_choice` picks them (the measured
-    choice for the batch and cache kind). `scale_p` (FP8 caches; a candidate for
-    attention_bench, not measured yet): the values' scales on the probabilities instead of
-    on the values (see the kernel)."""
+    choice for the batch and cache kind."""
     b, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
     fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
@@ -259,7 +242,7 @@ def decode_attention(
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=split, BLOCK=block,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, SCALE_P=scale_p and fp8, **launch,
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, **launch,
         **launch_args(),
     )
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)

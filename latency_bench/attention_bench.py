@@ -1,7 +1,6 @@
 """`python -m latency_bench.attention_bench`: the decode-attention kernel alone, bf16 KV
 cache against the FP8 one (kernels/kv_fp8.py), over its launch choices (positions per
-program, per inner step, warps, stages; for the FP8 cache also where the values' scales
-are applied, `--scale-p`).
+program, per inner step, warps, stages).
 
 The FP8 cache reads 0.56x the bytes, yet on an H200 the batch-64 step with it was slower
 (kernels/FP8_NOTES.md): the bf16 kernel streams its KV at about the card's copy rate and
@@ -49,9 +48,6 @@ def main(argv=None) -> int:
     p.add_argument("--blocks", default="32,64,128")
     p.add_argument("--warps", default="2,4,8")
     p.add_argument("--stages", default="1,2,3,4")
-    p.add_argument("--scale-p", default="0,1",
-                   help="FP8 cache: the values' scales on the values (0) and/or on the probabilities (1; "
-                        "decode_attention scale_p)")
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/attention_bench")
@@ -79,30 +75,26 @@ def main(argv=None) -> int:
         copies = 2 if a.smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
         caches = [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
         ref = decode_attention_reference(q.float(), *(c for c in one), slots, lengths) if a.smoke else None
-        scale_ps = [bool(int(x)) for x in a.scale_p.split(",")] if fp8 else [False]
-        for split, block, w, st, sp in itertools.product(splits, blocks, warps, stages, scale_ps):
+        for split, block, w, st in itertools.product(splits, blocks, warps, stages):
             if split % block:
                 continue
 
-            def call(kc, vc, split=split, block=block, w=w, st=st, sp=sp):
+            def call(kc, vc, split=split, block=block, w=w, st=st):
                 return decode_attention(q, kc, vc, slots, lengths, max_length=context, block=block,
-                                        num_warps=w, num_stages=st, split=split, scale_p=sp)
+                                        num_warps=w, num_stages=st, split=split)
             if ref is not None:  # the smoke run checks what it times
                 err = ((call(*one).float() - ref).norm() / ref.norm()).item()
                 assert err < 0.05, err
             us = timer.us_per_call([lambda c=c: call(*c) for c in caches])
-            rows.append({"fp8": fp8, "split": split, "block": block, "num_warps": w, "num_stages": st, "scale_p": sp,
+            rows.append({"fp8": fp8, "split": split, "block": block, "num_warps": w, "num_stages": st,
                          "us": us, "bytes": nbytes, "tb_per_s": nbytes / us / 1e6 if us == us else float("nan")})
-            print(f"{'fp8 ' if fp8 else 'bf16'}{' scale_p' if sp else ''} split {split} block {block:>3} warps {w} "
+            print(f"{'fp8 ' if fp8 else 'bf16'} split {split} block {block:>3} warps {w} "
                   f"stages {st}: {us:8.1f} us "
                   f"{rows[-1]['tb_per_s']:5.2f} TB/s", flush=True)
         del caches, one
     best = {fp8: min((r for r in rows if r["fp8"] == fp8 and r["us"] == r["us"]), key=lambda r: r["us"])
             for fp8 in (False, True)}
     ratio = best[False]["us"] / best[True]["us"]
-    for sp in sorted({r["scale_p"] for r in rows if r["fp8"]}):
-        mine = [r["us"] for r in rows if r["fp8"] and r["scale_p"] == sp and r["us"] == r["us"]]
-        print(f"fp8, value scales on the {'probabilities' if sp else 'values'}: best {min(mine):.1f} us")
     print(f"best bf16 {best[False]['us']:.1f} us, best fp8 {best[True]['us']:.1f} us: fp8 {ratio:.2f}x "
           f"(its bytes alone would give {best[False]['bytes'] / best[True]['bytes']:.2f}x)")
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
