@@ -14,7 +14,7 @@
 #   bash scripts/gpu_check.sh fp8load  # FP8 load sweep c=1,16,32,64 and its gate against load-fp8.json (~3 min)
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
-#   bash scripts/gpu_check.sh ncu        # Nsight Compute counters of the FP8 GEMMs (M = 1, 54) and decode attention (bf16, FP8 KV) (~2 min)
+#   bash scripts/gpu_check.sh ncu        # Nsight Compute counters of the FP8 GEMMs (M = 1, 54) and decode attention (bf16, FP8 KV) (~2 min; NCU_SOURCE=1: by source line)
 #   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
 #   bash scripts/gpu_check.sh attnlaunch  # decode attention's measured launch vs the short splits: tests, engine step, bf16 and FP8 KV (~4 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
@@ -351,6 +351,32 @@ attention)
     timeout 300 python3 -m latency_bench.attention_bench --batch 64 --context 1000 --stages 1,2,3 \
         --out "$out/attention_bench" 2>&1 | tee "$out/attention_bench.log" | sort -t: -k2 -n | head -12
     tail -1 "$out/attention_bench.log"
+    ;;
+ncu)
+    # Nsight Compute's counters for the step's heaviest kernels (latency_bench/ncu_kernels.py):
+    # the FP8 linear layers at M = 1 and 54, decode attention over bf16 and FP8 KV caches at
+    # batch 54, context 800 (the FP8 one also at the launch that was fastest on the H100).
+    # Why each is ~2x its bytes floor: DRAM throughput, stall reasons, issue, occupancy.
+    # NCU_SOURCE=1 adds the stall samples by source line (SourceCounters, the Python lines
+    # imported) for the kernels matching NCU_KERNELS (a regex; default decode attention);
+    # untried on the device so far (the part without it ran on 2026-12-06).
+    # (~2 min; needs a Firecracker machine, where ncu reads counters: device KINDS.md)
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    source_args=()
+    if [ "${NCU_SOURCE:-0}" = 1 ]; then
+        source_args=(--section SourceCounters --section WarpStateStats --import-source yes
+                     -k "regex:${NCU_KERNELS:-decode_attention}")
+    fi
+    timeout 400 "$ncu_bin" --profile-from-start off --clock-control none --nvtx \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis "${source_args[@]}" \
+        -o "$out/ncu" -f python3 -m latency_bench.ncu_kernels --m 1,54 --batch 54 --context 800 \
+        --fp8-launch 512,32,1,3 > "$out/ncu_run.log" 2>&1; tail -3 "$out/ncu_run.log"
+    "$ncu_bin" -i "$out/ncu.ncu-rep" --page details > "$out/ncu_details.txt" 2>&1
+    "$ncu_bin" -i "$out/ncu.ncu-rep" --page raw --csv > "$out/ncu_raw.csv" 2>&1
+    [ "${NCU_SOURCE:-0}" = 1 ] && "$ncu_bin" -i "$out/ncu.ncu-rep" --page source --csv > "$out/ncu_source.csv" 2>&1
+    grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible" \
+        "$out/ncu_details.txt" | head -150
     ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table
