@@ -96,14 +96,24 @@ class FP8FeedForward(nn.Module):
     quantize launch before w2. The same codes bit for bit as the unfused path with the
     same splits. Measured on an H100 (2026-12-05) it is slower than the unfused path: the
     MLP block at M = 1 0.98x, the decode step 0.95-1.00x, prefill 0.45-0.60x (cuBLAS runs
-    the unfused w13 there); latency_bench/reference/h100-s2pro/swiglu-epilogue/."""
+    the unfused w13 there); latency_bench/reference/h100-s2pro/swiglu-epilogue/.
 
-    def __init__(self, w13: FP8Linear, w2: FP8Linear, kernel: bool = True, swiglu_epilogue: bool = False) -> None:
+    `one_launch` (quant mode "fp8-mlp-one-launch"; that layout): at decode batches (M <=
+    ONE_LAUNCH_MAX_ROWS) both GEMMs run in one persistent launch (kernels/fp8_mlp.py
+    fp8_mlp), the same bits as the two launches; larger M (prefill) keeps the two. Built
+    2026-12-06, not measured yet."""
+
+    ONE_LAUNCH_MAX_ROWS = 128
+
+    def __init__(self, w13: FP8Linear, w2: FP8Linear, kernel: bool = True, swiglu_epilogue: bool = False,
+                 one_launch: bool = False) -> None:
         super().__init__()
         self.hidden = w13.out_features // 2
         self.w13, self.w2 = w13, w2
         self.kernel = kernel
         self.swiglu_epilogue = swiglu_epilogue  # w13's rows interleaved: see the class docstring
+        # both GEMMs in one persistent launch (kernels/fp8_mlp.py; needs the interleaved rows)
+        self.one_launch = one_launch and swiglu_epilogue
 
     @property
     def kernel(self) -> bool:
@@ -117,25 +127,31 @@ class FP8FeedForward(nn.Module):
         self.w13.kernel = self.w2.kernel = on
 
     @classmethod
-    def from_feed_forward(cls, ff: FeedForward, kernel: bool = True, swiglu_epilogue: bool = False) -> "FP8FeedForward":
+    def from_feed_forward(cls, ff: FeedForward, kernel: bool = True, swiglu_epilogue: bool = False,
+                          one_launch: bool = False) -> "FP8FeedForward":
         # one weight [2H, D]: gate rows then up rows (a block may straddle the seam when
         # H % 128 != 0; it is then one block of the stacked matrix, scaled as such), or
         # the two interleaved per 128 rows for the SwiGLU epilogue
         stacked = ff.gate_up_weight().detach()
-        swiglu_epilogue = swiglu_epilogue and (stacked.shape[0] // 2) % 128 == 0
+        swiglu_epilogue = (swiglu_epilogue or one_launch) and (stacked.shape[0] // 2) % 128 == 0
         if swiglu_epilogue:
             from kernels.fp8_quant import interleave_gate_up
 
             stacked = interleave_gate_up(stacked)
         w13 = FP8Linear(*_quantize_weight(stacked), kernel=kernel)
-        return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel, swiglu_epilogue)
+        return cls(w13, FP8Linear.from_linear(ff.w2, kernel), kernel, swiglu_epilogue, one_launch)
 
     def forward(self, x: Tensor, kernel: bool = False, codes: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """`kernel` is FeedForward's switch for its bf16 SwiGLU kernel (the decode step's
         kernel path passes it); here the activation is always fused into a GEMM. `codes`: x
         already quantized by its producer (as FP8Linear.forward takes them)."""
         x2 = x.reshape(-1, x.shape[-1])  # [M, D]
-        if self.swiglu_epilogue:
+        if self.one_launch and self.kernel and x2.shape[0] <= self.ONE_LAUNCH_MAX_ROWS:
+            from kernels.fp8_mlp import fp8_mlp
+
+            y = fp8_mlp(x2, self.w13.weight_q, self.w13.weight_scale, self.w2.weight_q, self.w2.weight_scale,
+                        codes=codes)
+        elif self.swiglu_epilogue:  # (one_launch's reference path too: the same function)
             from kernels import fp8_gemm as g
 
             swiglu = g.fp8_swiglu_gemm if self.kernel else g.fp8_swiglu_gemm_reference
@@ -149,11 +165,11 @@ class FP8FeedForward(nn.Module):
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def _quantize_block_(block: TransformerBlock, kernel: bool, swiglu_epilogue: bool) -> None:
+def _quantize_block_(block: TransformerBlock, kernel: bool, swiglu_epilogue: bool, one_launch: bool) -> None:
     attn: Attention = block.attention
     attn.wqkv = FP8Linear.from_linear(attn.wqkv, kernel)
     attn.wo = FP8Linear.from_linear(attn.wo, kernel)
-    block.feed_forward = FP8FeedForward.from_feed_forward(block.feed_forward, kernel, swiglu_epilogue)
+    block.feed_forward = FP8FeedForward.from_feed_forward(block.feed_forward, kernel, swiglu_epilogue, one_launch)
     # the decode step's norms (TransformerBlock.forward_kernels) write their output as codes
     # for wqkv and the MLP: one quantize launch (M >= 32) or the K loop's quantization
     # (M <= 16) less per GEMM, the same codes
@@ -161,14 +177,15 @@ def _quantize_block_(block: TransformerBlock, kernel: bool, swiglu_epilogue: boo
 
 
 @torch.no_grad()
-def quantize_model_(model: nn.Module, kernel: bool = True, swiglu_epilogue: bool = False) -> nn.Module:
+def quantize_model_(model: nn.Module, kernel: bool = True, swiglu_epilogue: bool = False,
+                    one_launch: bool = False) -> nn.Module:
     """Swap every linear layer of the slow (`model.layers`) and fast (`model.fast_layers`)
     transformer blocks for FP8 ones, in place; frees the bf16 weights as it goes (peak
-    extra memory: one weight in fp32). `swiglu_epilogue`: FP8FeedForward's option. Idempotent.
-    Returns the model."""
+    extra memory: one weight in fp32). `swiglu_epilogue`, `one_launch`: FP8FeedForward's
+    options. Idempotent. Returns the model."""
     for block in [*model.layers, *model.fast_layers]:
         if not isinstance(block.feed_forward, FP8FeedForward):
-            _quantize_block_(block, kernel, swiglu_epilogue)
+            _quantize_block_(block, kernel, swiglu_epilogue, one_launch)
     return model
 
 

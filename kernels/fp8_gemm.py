@@ -202,9 +202,24 @@ def _fp8_gemm_kernel(
     PDL: tl.constexpr = False, so_ptr=None, SWIGLU_OUT: tl.constexpr = False, ROUND: tl.constexpr = 0,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    split = tl.program_id(2)
+    gemm_unit(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), a_ptr, as_ptr, b_ptr,
+              bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, K, KB, GROUPS_PER_SPLIT, UP_OFFSET, stride_am, stride_bn,
+              stride_cm, BLOCK_M, BLOCK_N, SWAP_AB, EVEN_K, A_MODE, SPLIT_MODE, SOFT_ROUND, SPLITS, so_ptr,
+              SWIGLU_OUT, ROUND)
+
+
+@triton.jit
+def gemm_unit(
+    pid_n, pid_m, split, tiles_n, a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, p_ptr, cnt_ptr,
+    M, N, K, KB, GROUPS_PER_SPLIT, UP_OFFSET, stride_am, stride_bn, stride_cm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
+    A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr, SPLITS: tl.constexpr,
+    so_ptr, SWIGLU_OUT: tl.constexpr, ROUND: tl.constexpr, done_ptr=None,
+):
+    """One (N tile, M tile, K split) of the GEMM (`tiles_n` N tiles a row of tiles): its K
+    groups into an fp32 tile, then the common epilogue (kernels/fp8_tile.py store_tile;
+    `done_ptr`: its per-column-tile completion counts, for a consumer in the same launch:
+    kernels/fp8_mlp.py)."""
     offs_m, offs_n, m_ok, n_ok, as_rows, bs_rows, acc = tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M,
                                                                    BLOCK_N, SWAP_AB)
     offs_k = tl.arange(0, 128)
@@ -270,8 +285,8 @@ def _fp8_gemm_kernel(
         else:
             b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=b_mask, other=0.0)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])  # [BM, BN]
-    store_tile(acc, offs_m, offs_n, m_ok, n_ok, pid_m * tl.num_programs(0) + pid_n, split, M, N, c_ptr, p_ptr,
-               cnt_ptr, stride_cm, SWAP_AB, SPLIT_MODE, SPLITS, pid_n, so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND)
+    store_tile(acc, offs_m, offs_n, m_ok, n_ok, pid_m * tiles_n + pid_n, split, M, N, c_ptr, p_ptr,
+               cnt_ptr, stride_cm, SWAP_AB, SPLIT_MODE, SPLITS, pid_n, so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND, done_ptr)
 
 
 @triton.jit

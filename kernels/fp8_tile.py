@@ -55,18 +55,29 @@ def _write_out(tile_acc, offs_m, m_ok, out_mask, c_ptr, c_offs, pid_n, M, N, so_
 
 
 @triton.jit
+def _published(done_ptr, pid_n):
+    """A finished output tile's count up by one (release: every thread's output stores
+    first), where a consumer in the same launch waits on it; nothing without done_ptr."""
+    if done_ptr is not None:
+        tl.debug_barrier()
+        tl.atomic_add(done_ptr + pid_n, 1, sem="release", scope="gpu")
+
+
+@triton.jit
 def store_tile(
     acc, offs_m, offs_n, m_ok, n_ok, tile, split, M, N, c_ptr, p_ptr, cnt_ptr, stride_cm,
     SWAP_AB: tl.constexpr, SPLIT_MODE: tl.constexpr, SPLITS: tl.constexpr,
     pid_n=0, so_ptr=None, SWIGLU_OUT: tl.constexpr = False, ROUND: tl.constexpr = 0,
-    SOFT_ROUND: tl.constexpr = False,
+    SOFT_ROUND: tl.constexpr = False, done_ptr=None,
 ):
     """acc: [BLOCK_N, BLOCK_M] when SWAP_AB, else [BLOCK_M, BLOCK_N]. `tile`: the tile's
     counter index (unique per (M, N) tile of the launch). SPLIT_MODE 0: write the output;
     1: write this split's fp32 partial (a second launch sums them); 2: write it, and the
     split that completes the tile's count sums all partials in split order
     (deterministic), writes the output and resets the counter. The output: see _write_out
-    (SWIGLU_OUT needs BLOCK_N = 256 and the tile's column index `pid_n`)."""
+    (SWIGLU_OUT needs BLOCK_N = 256 and the tile's column index `pid_n`). `done_ptr`: once
+    the tile's output is written, its count at `pid_n` goes up by one (release), for a
+    consumer in the same launch that waits on it (kernels/fp8_mlp.py)."""
     if SWAP_AB:
         out_mask = m_ok[None, :] & n_ok[:, None]
         c_offs = offs_m[None, :] * stride_cm + offs_n[:, None]
@@ -78,6 +89,7 @@ def store_tile(
     if SPLIT_MODE == 0:
         _write_out(acc, offs_m, m_ok, out_mask, c_ptr, c_offs, pid_n, M, N, so_ptr, SWAP_AB, SWIGLU_OUT, ROUND,
                    SOFT_ROUND)
+        _published(done_ptr, pid_n)
     else:
         tl.store(p_ptr + split * M * N + p_offs, acc, mask=out_mask)
         if SPLIT_MODE == 2:
@@ -94,4 +106,5 @@ def store_tile(
                     total += tl.load(p_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
                 _write_out(total, offs_m, m_ok, out_mask, c_ptr, c_offs, pid_n, M, N, so_ptr, SWAP_AB, SWIGLU_OUT,
                            ROUND, SOFT_ROUND)
+                _published(done_ptr, pid_n)
                 tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch

@@ -27,6 +27,7 @@ variant below compiles with it as with 3.9):
     PYTHONPATH=/tmp/tri36:$PWD python -m kernels.sm90
 
     python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions, registers (JSON)
+    python -m kernels.sm90 --mlp    # the one-launch MLP (kernels/fp8_mlp.py) at M = 1, 16, 54, 64
 
 Not under the Triton interpreter (TRITON_INTERPRET=1 replaces every @triton.jit function
 by its interpreted form, which has nothing to compile): the CLI turns it off for itself,
@@ -184,6 +185,30 @@ VARIANTS = {
 }
 
 
+def mlp_one_launch(m: int) -> Compiled:
+    """kernels/fp8_mlp.py's kernel as `fp8_mlp` launches it at the S2-Pro MLP shape and M
+    rows (its configs, warps and stages)."""
+    from kernels.fp8_gemm import A_BF16, A_CODES
+    from kernels.fp8_mlp import STAGES, _fp8_mlp_kernel, _phase, launch_warps, mlp_configs
+
+    d, h = 2560, 9728
+    c1, c2 = mlp_configs(m, d, h, 132)
+    _, splits1, _, mode1, even1 = _phase(m, d, c1)
+    _, splits2, _, mode2, even2 = _phase(m, h, c2)
+    a_mode = A_BF16 if c1.quantize_in_gemm else A_CODES
+    types = {"x_ptr": "*bf16" if a_mode == A_BF16 else "*fp8e4nv", "xs_ptr": "*bf16" if a_mode == A_BF16 else "*fp32",
+             "w13_ptr": "*fp8e4nv", "w13s_ptr": "*fp32", "h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "w2_ptr": "*fp8e4nv",
+             "w2s_ptr": "*fp32", "y_ptr": "*bf16", "p1_ptr": "*fp32", "p2_ptr": "*fp32", "cnt_ptr": "*i32"}
+    for name in ("M", "D", "H", "N", "DB", "HB", "GPS1", "TILES1_N", "TILES1_M", "UNITS1", "GPS2", "TILES2_N",
+                 "TILES2_M", "UNITS2", "stride_xm", "stride_ym", "OFF_CNT2", "OFF_READY", "OFF_WORK"):
+        types[name] = "i32"
+    consts = dict(BLOCK_M1=c1.block_m, SWAP1=c1.swap_ab, SPLITS1=splits1, MODE1=mode1, A_MODE1=a_mode, EVEN1=even1,
+                  BLOCK_M2=c2.block_m, BLOCK_N2=c2.block_n, SWAP2=c2.swap_ab, SPLITS2=splits2, MODE2=mode2,
+                  EVEN2=even2, HB_P2=triton.next_power_of_2(h // 128), ROUND=1, SOFT_ROUND=False, PDL=False)
+    aligned = {n for n in types if n.endswith("_ptr")} | {"D", "H", "N", "stride_xm", "stride_ym"}
+    return compile_sm90(_fp8_mlp_kernel, types, consts, launch_warps(c1, c2), STAGES, aligned)
+
+
 def report(names=None) -> dict:
     """Each variant compiled: its shared memory, TMA and cp.async copies, partitions; or
     the error that stopped it."""
@@ -200,6 +225,19 @@ def report(names=None) -> dict:
     return out
 
 
+def mlp_report(ms=(1, 16, 54, 64)) -> dict:
+    """`mlp_one_launch` at each M: shared memory, cp.async copies, registers, spills."""
+    out = {}
+    for m in ms:
+        k = mlp_one_launch(m)
+        out[str(m)] = {"shared_bytes": k.shared_bytes, "async_copies": k.async_copies, "registers": k.registers,
+                       "local_bytes": k.local_bytes}
+    return out
+
+
 if __name__ == "__main__":
-    json.dump(report(sys.argv[1:] or None), sys.stdout, indent=1)
+    if sys.argv[1:] == ["--mlp"]:
+        json.dump(mlp_report(), sys.stdout, indent=1)
+    else:
+        json.dump(report(sys.argv[1:] or None), sys.stdout, indent=1)
     print()

@@ -4,8 +4,9 @@ Per S2-Pro linear shape (the fast transformer's layers have the same widths) and
 M = 1..128: the block-scaled FP8 GEMM (kernels/fp8_gemm.py) on pre-quantized activations,
 the same on bf16 activations as FP8Linear runs it (`fp8_linear`), cuBLAS's GEMM with the
 same block scales, cuBLAS FP8 (`torch._scaled_mm`, per-tensor scales, pre-quantized) and
-cuBLAS bf16 (`matmul`); then the whole MLP block at M = 1
-(2560 -> 2 x 9728 -> 2560). Prints a table, writes <out>/kernel_bench.json.
+cuBLAS bf16 (`matmul`); then the whole MLP block at M = 1 (`--mlp-m` for more)
+(2560 -> 2 x 9728 -> 2560): the engine's two launches, the SwiGLU in the gate/up GEMM's
+epilogue, both GEMMs in one persistent launch (kernels/fp8_mlp.py), cuBLAS FP8 and bf16. Prints a table, writes <out>/kernel_bench.json.
 
     python -m latency_bench.kernel_bench --out out/kernel_bench                  # the table (H200)
     python -m latency_bench.kernel_sweep --out out/sweep                        # the tile sweep (its own module)
@@ -193,10 +194,16 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
         hq = (F.silu(gu[:, :h]) * gu[:, h:]).to(torch.float8_e4m3fn)
         return torch._scaled_mm(hq, w2.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
+    from kernels.fp8_mlp import fp8_mlp
+
+    def one_launch(f):  # the SwiGLU-epilogue block's weights (w13 interleaved), both GEMMs in one launch
+        return fp8_mlp(x, f.w13.weight_q, f.w13.weight_scale, f.w2.weight_q, f.w2.weight_scale)
+
     with torch.inference_mode():
         t = {
             "fp8": timer.us_per_call([lambda f=f: f(x) for f in fp8]),
             "fp8_swiglu_epilogue": timer.us_per_call([lambda f=f: f(x) for f in fused]),
+            "fp8_one_launch": timer.us_per_call([lambda f=f: one_launch(f) for f in fused]),
             "scaled_mm": timer.us_per_call([lambda w=w: cublas_fp8(*w) for w in scaled]),
             "bf16": timer.us_per_call([lambda f=f: f(x) for f in bf16]),
         }
@@ -207,6 +214,7 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
             with pdl.launching(True):
                 t["fp8_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fp8])
                 t["fp8_swiglu_epilogue_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fused])
+                t["fp8_one_launch_pdl"] = timer.us_per_call([lambda f=f: one_launch(f) for f in fused])
     fl = floors(m, d, 2 * h)
     fl2 = floors(m, h, d)
     floor_us = fl["floor_us"] + fl2["floor_us"]
@@ -243,6 +251,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--m", default=",".join(map(str, MS)), help="batch rows, comma-separated")
     p.add_argument("--shapes", help="comma-separated subset of " + ",".join(s.name for s in SHAPES))
     p.add_argument("--no-mlp", action="store_true")
+    p.add_argument("--mlp-m", default="1", help="rows of the MLP block's timings, comma-separated")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--smoke", action="store_true", help="CPU + Triton interpreter, small shapes: checks the script")
     p.add_argument("--out", default="out/kernel_bench")
@@ -293,13 +302,22 @@ def main(argv=None) -> int:
           f"{results['geomean_vs_scaled_mm']:.2f}x (target >= 1.3x); vs bf16: {results['geomean_vs_bf16']:.2f}x; "
           f"vs cuBLAS with the same block scales: {results['geomean_vs_cublas_block']:.2f}x")
     if not a.no_mlp:
-        mlp = results["mlp"] = bench_mlp(timer, SMOKE_MLP if a.smoke else MLP, 1, a.smoke)
-        t = mlp["us"]
-        with_pdl = f", with PDL {t['fp8_pdl']:.1f} us" if "fp8_pdl" in t else ""
-        fused_pdl = f", with PDL {t['fp8_swiglu_epilogue_pdl']:.1f} us" if "fp8_swiglu_epilogue_pdl" in t else ""
-        print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: fp8 {t['fp8']:.1f} us{with_pdl} (target <= 26, "
-              f"floor {mlp['floor_us']:.1f}); SwiGLU in the gate/up GEMM {t['fp8_swiglu_epilogue']:.1f} us{fused_pdl}; "
-              f"cuBLAS FP8 {t['scaled_mm']:.1f} us, bf16 {t['bf16']:.1f} us")
+        results["mlp_by_m"] = []
+        for m in [1] if a.smoke else [int(v) for v in a.mlp_m.split(",")]:
+            mlp = bench_mlp(timer, SMOKE_MLP if a.smoke else MLP, m, a.smoke)
+            results["mlp_by_m"].append(mlp)
+            if m == 1:
+                results["mlp"] = mlp
+            t = mlp["us"]
+
+            def pdl(key):
+                return f", with PDL {t[key]:.1f} us" if key in t else ""
+            target = " (target <= 26" if m == 1 else " ("
+            print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M={m}: fp8 {t['fp8']:.1f} us{pdl('fp8_pdl')}"
+                  f"{target}{', ' if m == 1 else ''}floor {mlp['floor_us']:.1f}); SwiGLU in the gate/up GEMM "
+                  f"{t['fp8_swiglu_epilogue']:.1f} us{pdl('fp8_swiglu_epilogue_pdl')}; one launch "
+                  f"{t['fp8_one_launch']:.1f} us{pdl('fp8_one_launch_pdl')} ({t['fp8'] / t['fp8_one_launch']:.2f}x); "
+                  f"cuBLAS FP8 {t['scaled_mm']:.1f} us, bf16 {t['bf16']:.1f} us")
     write_json(out / "kernel_bench.json", results)
     print(f"wrote {out / 'kernel_bench.json'}")
     return 0

@@ -15,6 +15,7 @@
 #   bash scripts/gpu_check.sh kvfp8-short  # FP8 KV read path: its tests, engine at context 1000 vs bf16 KV (~1.5 min)
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
 #   bash scripts/gpu_check.sh ncu        # Nsight Compute counters of the FP8 GEMMs (M = 1, 54) and decode attention (bf16, FP8 KV) (~2 min; NCU_SOURCE=1: by source line)
+#   bash scripts/gpu_check.sh mlpfused   # the MLP's two FP8 GEMMs in one launch: GPU tests, MLP block at M = 1..64, engine step vs fp8 (~6 min)
 #   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
 #   bash scripts/gpu_check.sh attnlaunch  # decode attention's measured launch vs the short splits: tests, engine step, bf16 and FP8 KV (~4 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
@@ -377,6 +378,20 @@ ncu)
     [ "${NCU_SOURCE:-0}" = 1 ] && "$ncu_bin" -i "$out/ncu.ncu-rep" --page source --csv > "$out/ncu_source.csv" 2>&1
     grep -E "^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible" \
         "$out/ncu_details.txt" | head -150
+    ;;
+mlpfused)
+    # the MLP block's two FP8 GEMMs in one persistent launch (kernels/fp8_mlp.py, quant mode
+    # fp8-mlp-one-launch; built 2026-12-06, not measured): its GPU tests (the two launches'
+    # bits, eager and replayed in a graph), the MLP block at M = 1, 16, 54, 64 beside the
+    # two-launch paths, then the engine step in fp8 and fp8-mlp-one-launch (~6 min)
+    timeout 150 python3 -m pytest -q tests/test_kernel_fp8_mlp.py tests/test_quant.py -k "mlp or one_launch" 2>&1 | tail -2
+    timeout 150 python3 -m latency_bench.kernel_bench --shapes none --mlp-m 1,16,54,64 --out "$out/kernel_mlp" 2>&1 \
+        | grep "^MLP" | tee "$out/kernel_mlp.log"
+    for q in fp8 fp8-mlp-one-launch; do
+        timeout 110 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,54,64 --quant $q \
+            --skip-eager --steps 30 --context 800 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
+            | grep -v Warn | grep "^ *[0-9]" | sed "s/^/$q: /"
+    done
     ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table

@@ -69,3 +69,18 @@ def test_the_tma_sweeps_choices_compile_for_sm90():
     n = int(lines[0].split()[0])
     assert n >= 10 and lines[-1] == f"0 of {n} do not compile"
     assert sum("ok" in line and "TMA copies" in line for line in lines) == n
+
+
+def test_the_one_launch_mlp_compiles_for_sm90_without_spills():
+    """kernels/fp8_mlp.py's kernel as it launches at the S2-Pro MLP shape (M = 1, 16, 54,
+    64): it compiles, its loads are pipelined (cp.async), one program fits a SM's shared
+    memory, and no register spills (4 warps spilled the [64, 256] tile at M >= 32)."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="a Triton without its NVIDIA backend")
+    result = subprocess.run([sys.executable, "-m", "kernels.sm90", "--mlp"], capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    by_m = json.loads(result.stdout)
+    assert set(by_m) == {"1", "16", "54", "64"}
+    for m, v in by_m.items():
+        assert v["async_copies"] > 0 and v["shared_bytes"] <= SHARED_LIMIT, m
+        assert v["local_bytes"] in (0, None), m

@@ -146,12 +146,13 @@ def test_tma_candidates_time_the_table_beside_every_way_of_running_the_tma_kerne
 
 
 def test_kernel_bench_smoke_times_both_mlp_layouts(tmp_path):
-    """latency_bench.kernel_bench --smoke (interpreter): the MLP block is timed unfused and
-    with the SwiGLU in the gate/up GEMM, and the GEMM table is written."""
+    """latency_bench.kernel_bench --smoke (interpreter): the MLP block is timed unfused,
+    with the SwiGLU in the gate/up GEMM and in one launch (kernels/fp8_mlp.py), and the
+    GEMM table is written."""
     import json
 
     from latency_bench.kernel_bench import main
 
     assert main(["--smoke", "--m", "1", "--out", str(tmp_path)]) == 0
     mlp = json.loads((tmp_path / "kernel_bench.json").read_text())["mlp"]["us"]
-    assert mlp["fp8"] > 0 and mlp["fp8_swiglu_epilogue"] > 0
+    assert mlp["fp8"] > 0 and mlp["fp8_swiglu_epilogue"] > 0 and mlp["fp8_one_launch"] > 0

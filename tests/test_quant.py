@@ -75,6 +75,25 @@ def test_fp8_feed_forward_with_the_swiglu_in_the_gate_up_gemm_matches_the_unfuse
     assert not FP8FeedForward.from_feed_forward(FeedForward(200, 300).to(DEVICE), swiglu_epilogue=True).swiglu_epilogue
 
 
+def test_fp8_feed_forward_in_one_launch_matches_the_two():
+    """quant "fp8-mlp-one-launch": the SwiGLU-epilogue layout with both GEMMs in one
+    persistent launch (kernels/fp8_mlp.py) gives that layout's two launches' output bit for
+    bit at a decode batch, and keeps the two launches past ONE_LAUNCH_MAX_ROWS (prefill);
+    the reference path is the SwiGLU-epilogue one."""
+    ff = FeedForward(256, 384).to(DEVICE)
+    two = FP8FeedForward.from_feed_forward(ff, swiglu_epilogue=True)
+    one = FP8FeedForward.from_feed_forward(ff, one_launch=True)
+    assert one.one_launch and one.swiglu_epilogue and not two.one_launch
+    x = torch.randn(2, 3, 256, device=DEVICE)
+    assert torch.equal(one(x), two(x))
+    many = torch.randn(FP8FeedForward.ONE_LAUNCH_MAX_ROWS + 1, 256, device=DEVICE)
+    assert torch.equal(one(many), two(many))
+    one.kernel = two.kernel = False
+    assert torch.equal(one(x), two(x))
+    # a hidden size that is no multiple of 128 has no interleaved layout: the unfused MLP
+    assert not FP8FeedForward.from_feed_forward(FeedForward(200, 300).to(DEVICE), one_launch=True).one_launch
+
+
 def test_quantize_model_swaps_the_transformer_linears_only(tiny):
     model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
     for block in [*model.layers, *model.fast_layers]:
@@ -217,10 +236,11 @@ def test_fp8_layers_capture_in_a_cuda_graph():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("model, quant", [("tiny", "fp8"), ("default", "fp8-swiglu-epilogue")])
+@pytest.mark.parametrize("model, quant", [("tiny", "fp8"), ("default", "fp8-swiglu-epilogue"),
+                                          ("default", "fp8-mlp-one-launch")])
 def test_fp8_bundle_speaks_through_the_cli(tmp_path, model, quant):
-    """--quant fp8 (and the SwiGLU-epilogue variant, on the default voice whose hidden sizes
-    are multiples of 128) loads, quantizes every transformer linear and synthesizes a WAV."""
+    """--quant fp8 (and the SwiGLU-epilogue and one-launch variants, on the default voice
+    whose hidden sizes are multiples of 128) loads, quantizes every transformer linear and synthesizes a WAV."""
     import subprocess
     import sys
 
@@ -235,7 +255,7 @@ def test_fp8_bundle_speaks_through_the_cli(tmp_path, model, quant):
     bundle = load_bundle(model, "cpu", quant=quant)
     assert is_quantized(bundle.model)
     mlps = [b.feed_forward for b in [*bundle.model.layers, *bundle.model.fast_layers]]
-    assert all(f.swiglu_epilogue == (quant == "fp8-swiglu-epilogue") for f in mlps)
+    assert all(f.swiglu_epilogue == (quant != "fp8") and f.one_launch == (quant == "fp8-mlp-one-launch") for f in mlps)
     with pytest.raises(ValueError, match="unknown quantization"):
         load_bundle("tiny", "cpu", quant="int4")
 
