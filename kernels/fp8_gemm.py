@@ -74,6 +74,7 @@ REDUCE_BLOCK = 1024
 COUNTER_SLOTS = 16384
 
 A_CODES, A_BF16, A_SWIGLU = 0, 1, 2  # the kernel's A_MODE
+A_CODES_FRESH = 3  # codes (and scales) another program of the same launch wrote: read past L1 (kernels/fp8_mlp.py)
 BACKENDS = ("triton", "cublas")
 SPLIT_NONE, SPLIT_SEPARATE_REDUCE, SPLIT_LAST_REDUCES = 0, 1, 2  # its SPLIT_MODE
 
@@ -224,7 +225,7 @@ def gemm_unit(
                                                                    BLOCK_N, SWAP_AB)
     offs_k = tl.arange(0, 128)
     g0 = split * GROUPS_PER_SPLIT
-    if A_MODE != 0:
+    if A_MODE == 1 or A_MODE == 2:
         # bf16 activations are prefetched one group ahead (registers): their loads are
         # not part of Triton's dot pipeline, and waiting on each one from L2 showed as
         # ~0.3 us per group (H200, kernel_sweep)
@@ -264,6 +265,15 @@ def gemm_unit(
                 at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0)
             else:
                 a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0)
+        elif A_MODE == 3:  # codes written by other programs of this launch: past L1 (an SM's L1 may
+            # hold a line of scales it read for earlier groups, before these groups were written)
+            sa = tl.load(as_rows + g, mask=sa_mask, other=0.0, cache_modifier=".cg")
+            if SWAP_AB:
+                at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0,
+                             cache_modifier=".cg")
+            else:
+                a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0,
+                            cache_modifier=".cg")
         else:  # quantize the group here, as quantize_act (1) / swiglu_quant (2) would
             x = x_next.to(tl.float32)
             if A_MODE == 2:

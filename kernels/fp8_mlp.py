@@ -24,7 +24,9 @@ kernel leaves zeroed):
 - a work counter: each program takes the next unit until none is left;
 - per w13 output group, a count of its finished M tiles (`store_tile`'s `done_ptr`,
   raised with release semantics after the tile's codes and scales are written); a w2
-  unit spins on the counts of its groups (acquire) before its K loop;
+  unit spins on the counts of its groups (acquire) before its K loop, which then reads
+  them past L1 (`gemm_unit`'s A_MODE 3: a line of scales spans several groups, and an
+  SM's L1 may hold one it read before the later groups were written);
 - an exit counter: the last program out resets the work counter and the group counts.
 Progress: a w2 unit only waits for w13 units taken before it (the queue hands out all of
 w13 first), each of which is running on some program and never waits, so no residency
@@ -97,7 +99,7 @@ def _fp8_mlp_kernel(
             gemm_unit(v % TILES2_N, (v // TILES2_N) % TILES2_M, split, TILES2_N,
                       h_ptr, hs_ptr, w2_ptr, w2s_ptr, y_ptr, p2_ptr, cnt_ptr + OFF_CNT2,
                       M, N, H, HB, GPS2, 0, H, H, stride_ym,
-                      BLOCK_M2, BLOCK_N2, SWAP2, EVEN2, 0, MODE2, SOFT_ROUND, SPLITS2,  # A_MODE 0: codes
+                      BLOCK_M2, BLOCK_N2, SWAP2, EVEN2, 3, MODE2, SOFT_ROUND, SPLITS2,  # A_MODE 3: fresh codes
                       None, False, 0)
         u = tl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
     # the last program out leaves the counters zeroed for the next launch on this stream
