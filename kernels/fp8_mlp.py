@@ -180,8 +180,9 @@ def fp8_mlp(x: Tensor, w13: Tensor, w13_scale: Tensor, w2: Tensor, w2_scale: Ten
         (a, a_scale), a_mode = quantize_act(x), A_CODES
     h_codes = torch.empty(m, hdim, device=x.device, dtype=FP8)
     h_scales = torch.empty(m, hb, device=x.device, dtype=torch.float32)
-    p1 = torch.empty(splits1 if mode1 else 1, m, h2, device=x.device, dtype=torch.float32)
-    p2 = torch.empty(splits2 if mode2 else 1, m, d, device=x.device, dtype=torch.float32)
+    # split-K partials, where a phase splits K (an unsplit phase never touches its pointer)
+    p1 = torch.empty(splits1, m, h2, device=x.device, dtype=torch.float32) if mode1 else h_scales
+    p2 = torch.empty(splits2, m, d, device=x.device, dtype=torch.float32) if mode2 else h_scales
     units1 = tiles1_n * tiles1_m * splits1
     units2 = tiles2_n * tiles2_m * splits2
     programs = min(units1 + units2, PROGRAMS_PER_SM * sms)
