@@ -140,3 +140,16 @@ def test_fp8_step_has_no_host_sync_and_one_gemm_launch_per_linear():
     assert counts["triton fp8_gemm_kernel"] == 4 * 36 + 9 * 4 * 4 + (4 * 3 + 1)
     assert not any(counts[f"triton {k}"] for k in ("quant_act_kernel", "swiglu_quant_kernel", "swiglu"))
     assert launches(counts) < launches(step_counts("s2-pro", 1, context=20, kernels=True))
+
+
+def test_fp8_mlp_in_one_launch_makes_one_launch_per_block():
+    """--quant fp8-mlp-one-launch (kernels/fp8_mlp.py): each MLP block one launch instead of
+    two GEMMs (36 slow blocks, 9 fast steps x 4 blocks, 3 at the fast step 0); the
+    attention's GEMMs as before; no host sync. Triton interpreted here."""
+    counts = step_counts("s2-pro", 1, context=20, kernels=True, quant="fp8-mlp-one-launch")
+    blocks = 36 + 9 * 4 + 3
+    assert syncs(counts) == 0
+    assert counts["triton fp8_mlp_kernel"] == blocks
+    assert counts["triton fp8_gemm_kernel"] == 2 * blocks + 1  # wqkv and wo; the last block's wqkv at step 0
+    two = step_counts("s2-pro", 1, context=20, kernels=True, quant="fp8-swiglu-epilogue")
+    assert launches(counts) == launches(two) - blocks
