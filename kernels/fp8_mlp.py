@@ -152,6 +152,11 @@ def fp8_mlp(x: Tensor, w13: Tensor, w13_scale: Tensor, w2: Tensor, w2_scale: Ten
     _check_common(x, w13, w13_scale, d, x.dtype)
     _check_operand("w2", w2)
     check_scales("w2_scale", w2_scale, triton.cdiv(d, GROUP), hdim // GROUP)
+    for name, w, k in (("w13", w13, d), ("w2", w2, hdim)):
+        if w.stride(0) != k:  # the kernel steps through the weights' rows by their width
+            raise ValueError(f"{name} must have contiguous rows (row stride {k}), got strides {w.stride()}")
+    if not w2.device == w2_scale.device == x.device:
+        raise ValueError("x, w2 and its scales must be on one device")
     sms = _num_sms(x.device.index if x.is_cuda else None)
     c1, c2 = configs or mlp_configs(m, d, hdim, sms)
     if c1.block_n != 2 * GROUP:

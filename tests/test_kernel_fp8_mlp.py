@@ -88,6 +88,11 @@ def test_shapes_are_checked():
         fp8_mlp(x, w13, w13_s, w2, w2_s.t().contiguous())
     with pytest.raises(ValueError, match="w2_scale"):
         fp8_mlp(x, w13, w13_s, w2, w2_s.t().contiguous().t())
+    padded = torch.zeros(w2.shape[0], w2.shape[1] + 128, dtype=w2.dtype, device=w2.device)[:, :w2.shape[1]]
+    with pytest.raises(ValueError, match="contiguous rows"):  # rows read at the width, not the stride
+        fp8_mlp(x, w13, w13_s, padded, w2_s)
+    with pytest.raises(TypeError, match="x must be"):
+        fp8_mlp(x.to(torch.float8_e4m3fn), w13, w13_s, w2, w2_s)
 
 
 def test_an_empty_batch_gives_an_empty_output():
