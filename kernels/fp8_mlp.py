@@ -34,8 +34,10 @@ assumption is needed. Under the Triton interpreter the programs run one after an
 the first takes every unit in order and nothing ever waits.
 
 Not measured yet (built 2026-12-06 on a CPU machine): `latency_bench.kernel_bench`'s MLP
-block times it beside the two-launch path (`fp8_fused`), and `bash scripts/gpu_check.sh
-mlpfused` runs its GPU tests and that table. The engine does not use it.
+block times it beside the two-launch paths (`fp8_one_launch`, `--mlp-m` for more rows),
+`latency_bench.mlp_sweep` over its phases' K splits; `bash scripts/gpu_check.sh mlpfused`
+and `mlpsweep` run them with its GPU tests. The engine uses it only in the opt-in quant
+mode `fp8-mlp-one-launch` (engine/quant.py FP8FeedForward one_launch).
 """
 
 from __future__ import annotations

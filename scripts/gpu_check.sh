@@ -16,6 +16,7 @@
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
 #   bash scripts/gpu_check.sh ncu        # Nsight Compute counters of the FP8 GEMMs (M = 1, 54) and decode attention (bf16, FP8 KV) (~2 min; NCU_SOURCE=1: by source line)
 #   bash scripts/gpu_check.sh mlpfused   # the MLP's two FP8 GEMMs in one launch: GPU tests, MLP block at M = 1..64, engine step vs fp8 (~6 min)
+#   bash scripts/gpu_check.sh mlpsweep   # the one-launch MLP over its phases' K splits, checked and timed at M = 1..64 (~4 min)
 #   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
 #   bash scripts/gpu_check.sh attnlaunch  # decode attention's measured launch vs the short splits: tests, engine step, bf16 and FP8 KV (~4 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
@@ -392,6 +393,13 @@ mlpfused)
             --skip-eager --steps 30 --context 800 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
             | grep -v Warn | grep "^ *[0-9]" | sed "s/^/$q: /"
     done
+    ;;
+mlpsweep)
+    # the one-launch MLP over its two phases' K splits (w13: 1, 2, 4; w2: 2, 4, 8) at M = 1,
+    # 16, 54, 64, each pair checked against the two launches' bits first, beside the
+    # engine's two-launch MLP (latency_bench/mlp_sweep.py; ~4 min, most of it compiling)
+    timeout 420 python3 -m latency_bench.mlp_sweep --out "$out/mlp_sweep" 2>&1 | grep -v Warn \
+        | tee "$out/mlp_sweep.log" | grep "^M=[0-9]*:"
     ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table
