@@ -205,7 +205,7 @@ def decode_attention(
     (positions per program), `block` (positions per inner step, a power of two dividing
     `split`), `num_warps` and `num_stages` are launch choices for
     latency_bench.attention_bench; left None, `launch_choice` picks them (the measured
-    choice for the batch and cache kind."""
+    choice for the batch and cache kind)."""
     b, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
     fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
@@ -242,8 +242,7 @@ def decode_attention(
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=split, BLOCK=block,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, **launch,
-        **launch_args(),
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, **launch, **launch_args(),
     )
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b, h)](

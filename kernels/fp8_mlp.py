@@ -42,15 +42,17 @@ mode `fp8-mlp-one-launch` (engine/quant.py FP8FeedForward one_launch).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from kernels.fp8_gemm import (
-    A_BF16, A_CODES, ACT_DTYPES, COUNTER_SLOTS, GROUP, SPLIT_LAST_REDUCES, SPLIT_NONE, GemmConfig, _check_common,
-    _check_operand, _counters, _interpreting, _num_sms, check_scales, fp8_gemm_reference, fp8_swiglu_gemm_reference,
-    gemm_config, gemm_unit, swiglu_gemm_config,
+    A_BF16, A_CODES, A_CODES_FRESH, ACT_DTYPES, COUNTER_SLOTS, GROUP, SPLIT_LAST_REDUCES, SPLIT_NONE, GemmConfig,
+    _check_common, _check_operand, _counters, _interpreting, _num_sms, _rule_config, check_scales, fp8_gemm,
+    fp8_gemm_reference, fp8_swiglu_gemm, fp8_swiglu_gemm_reference, gemm_config, gemm_unit, swiglu_gemm_config,
 )
 from kernels.fp8_quant import FP8, quantize_act, round_code
 from kernels.pdl import launch_args, pdl_wait
@@ -62,12 +64,6 @@ PROGRAMS_PER_SM = 1
 STAGES = 3  # 4 stages: 133-165 KB
 
 
-def launch_warps(c1: GemmConfig, c2: GemmConfig) -> int:
-    """8 warps where the first phase's tile is [64, 256] (M >= 32: 4 warps spilled its
-    fp32 tile to local memory, compiled for sm90), else the configs' own."""
-    return 8 if c1.block_m >= 64 else max(c1.num_warps, c2.num_warps)
-
-
 @triton.jit
 def _fp8_mlp_kernel(
     x_ptr, xs_ptr, w13_ptr, w13s_ptr, h_ptr, hs_ptr, w2_ptr, w2s_ptr, y_ptr,
@@ -77,7 +73,7 @@ def _fp8_mlp_kernel(
     BLOCK_M1: tl.constexpr, SWAP1: tl.constexpr, SPLITS1: tl.constexpr, MODE1: tl.constexpr,
     A_MODE1: tl.constexpr, EVEN1: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, SWAP2: tl.constexpr, SPLITS2: tl.constexpr,
-    MODE2: tl.constexpr, EVEN2: tl.constexpr,
+    MODE2: tl.constexpr, A_MODE2: tl.constexpr, EVEN2: tl.constexpr,
     HB_P2: tl.constexpr, ROUND: tl.constexpr, SOFT_ROUND: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
@@ -101,7 +97,7 @@ def _fp8_mlp_kernel(
             gemm_unit(v % TILES2_N, (v // TILES2_N) % TILES2_M, split, TILES2_N,
                       h_ptr, hs_ptr, w2_ptr, w2s_ptr, y_ptr, p2_ptr, cnt_ptr + OFF_CNT2,
                       M, N, H, HB, GPS2, 0, H, H, stride_ym,
-                      BLOCK_M2, BLOCK_N2, SWAP2, EVEN2, 3, MODE2, SOFT_ROUND, SPLITS2,  # A_MODE 3: fresh codes
+                      BLOCK_M2, BLOCK_N2, SWAP2, EVEN2, A_MODE2, MODE2, SOFT_ROUND, SPLITS2,
                       None, False, 0)
         u = tl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
     # the last program out leaves the counters zeroed for the next launch on this stream
@@ -119,19 +115,55 @@ def mlp_configs(m: int, d: int, h: int, sms: int) -> tuple[GemmConfig, GemmConfi
     c1 = swiglu_gemm_config(m, 2 * h, d, sms)
     c2 = gemm_config(m, d, h, sms)
     if c2.backend != "triton":
-        from kernels.fp8_gemm import _rule_config
-
         c2 = _rule_config(m, d, h, sms)
     return c1, c2
 
 
-def _phase(m: int, k: int, cfg: GemmConfig) -> tuple[int, int, int, int, bool]:
-    """(groups per split, splits, M tiles, split mode, even K) of one phase."""
-    groups = triton.cdiv(k, GROUP)
-    per_split = triton.cdiv(groups, cfg.splits)
-    splits = triton.cdiv(groups, per_split)
-    even = k % GROUP == 0 and groups % per_split == 0
-    return per_split, splits, triton.cdiv(m, cfg.block_m), SPLIT_LAST_REDUCES if splits > 1 else SPLIT_NONE, even
+@dataclass(frozen=True)
+class Plan:
+    """Everything a launch derives from (M, D, H, the configs, how x comes in): the grid,
+    the kernel's integer arguments after its pointers and strides, its constexprs, warps.
+    One place, so that `kernels.sm90 --mlp` compiles what `fp8_mlp` launches."""
+
+    programs: int
+    splits: tuple[int, int]  # K splits of the two phases (1: no partials)
+    ints: tuple[int, ...]  # M, D, H, N, DB, HB, GPS1, TILES1_N, TILES1_M, UNITS1, GPS2, TILES2_N, TILES2_M, UNITS2
+    offsets: tuple[int, int, int]  # OFF_CNT2, OFF_READY, OFF_WORK in the counter buffer
+    constexprs: dict
+    num_warps: int
+
+    @property
+    def counters_needed(self) -> int:
+        return self.offsets[2] + 2
+
+
+def plan(m: int, d: int, h: int, c1: GemmConfig, c2: GemmConfig, a_mode: int, dtype: torch.dtype,
+         sms: int) -> Plan:
+    """The launch of `fp8_mlp` for x [m, d] (`a_mode`: A_BF16 or A_CODES), H = h."""
+    phases = []
+    for k, cfg in ((d, c1), (h, c2)):  # groups per split, splits, M tiles, split mode, even K
+        groups = triton.cdiv(k, GROUP)
+        per_split = triton.cdiv(groups, cfg.splits)
+        splits = triton.cdiv(groups, per_split)
+        phases.append((per_split, splits, triton.cdiv(m, cfg.block_m), SPLIT_LAST_REDUCES if splits > 1 else SPLIT_NONE,
+                       k % GROUP == 0 and groups % per_split == 0))
+    (gps1, splits1, tiles1_m, mode1, even1), (gps2, splits2, tiles2_m, mode2, even2) = phases
+    hb = tiles1_n = h // GROUP  # a w13 tile (256 interleaved rows) is one group of H
+    tiles2_n = triton.cdiv(d, c2.block_n)
+    units1, units2 = tiles1_n * tiles1_m * splits1, tiles2_n * tiles2_m * splits2
+    off_cnt2 = tiles1_n * tiles1_m  # the w13 phase's split counters first, then w2's, the group counts, the queue
+    off_ready = off_cnt2 + tiles2_n * tiles2_m
+    constexprs = dict(
+        BLOCK_M1=c1.block_m, SWAP1=c1.swap_ab, SPLITS1=splits1, MODE1=mode1, A_MODE1=a_mode, EVEN1=even1,
+        BLOCK_M2=c2.block_m, BLOCK_N2=c2.block_n, SWAP2=c2.swap_ab, SPLITS2=splits2, MODE2=mode2,
+        A_MODE2=A_CODES_FRESH, EVEN2=even2, HB_P2=triton.next_power_of_2(hb), ROUND=round_code(dtype),
+    )
+    # 8 warps where the first phase's tile is [64, 256] (M >= 32: 4 warps spilled its fp32
+    # tile to local memory, compiled for sm90), else the configs' own
+    warps = 8 if c1.block_m >= 64 else max(c1.num_warps, c2.num_warps)
+    return Plan(min(units1 + units2, PROGRAMS_PER_SM * sms), (splits1, splits2),
+                (m, d, h, d, triton.cdiv(d, GROUP), hb, gps1, tiles1_n, tiles1_m, units1, gps2, tiles2_n, tiles2_m,
+                 units2), (off_cnt2, off_ready, off_ready + hb), constexprs, warps)
 
 
 def fp8_mlp(x: Tensor, w13: Tensor, w13_scale: Tensor, w2: Tensor, w2_scale: Tensor,
@@ -142,8 +174,6 @@ def fp8_mlp(x: Tensor, w13: Tensor, w13_scale: Tensor, w2: Tensor, w2_scale: Ten
     are); w13 [2H, D] interleaved per 128 rows, w2 [D, H], e4m3 with their block scales.
     Falls back to the two launches (fp8_swiglu_gemm, fp8_gemm) where the stream has no
     counter buffer yet (a graph capture on a new stream)."""
-    from kernels.fp8_gemm import fp8_gemm, fp8_swiglu_gemm
-
     _check_operand("x", x, ACT_DTYPES)
     m, d = x.shape
     h2 = w13.shape[0]
@@ -166,41 +196,32 @@ def fp8_mlp(x: Tensor, w13: Tensor, w13_scale: Tensor, w2: Tensor, w2_scale: Ten
     y = torch.empty(m, d, device=x.device, dtype=x.dtype)
     if m == 0:
         return y
-    gps1, splits1, tiles1_m, mode1, even1 = _phase(m, d, c1)
-    gps2, splits2, tiles2_m, mode2, even2 = _phase(m, hdim, c2)
-    tiles1_n, tiles2_n = h2 // (2 * GROUP), triton.cdiv(d, c2.block_n)
-    hb = hdim // GROUP
-    off_cnt2 = tiles1_n * tiles1_m
-    off_ready = off_cnt2 + tiles2_n * tiles2_m
-    off_work = off_ready + hb
-    counters = _counters(x.device)
-    if counters is None or off_work + 2 > COUNTER_SLOTS:
-        h_codes, h_scales = fp8_swiglu_gemm(x, w13, w13_scale, c1, codes=codes)
-        return fp8_gemm(h_codes, h_scales, w2, w2_scale, x.dtype, c2)
     if codes is not None:
         _check_operand("codes", codes[0])
         check_scales("codes' scales", codes[1], m, triton.cdiv(d, GROUP))
-        a, a_scale, a_mode = codes[0], codes[1], A_CODES
-    elif c1.quantize_in_gemm:
-        a, a_scale, a_mode = x, x, A_BF16
+    a_mode = A_CODES if codes is not None or not c1.quantize_in_gemm else A_BF16
+    launch = plan(m, d, hdim, c1, c2, a_mode, x.dtype, sms)
+    counters = _counters(x.device)
+    if counters is None or launch.counters_needed > COUNTER_SLOTS:
+        h_codes, h_scales = fp8_swiglu_gemm(x, w13, w13_scale, c1, codes=codes)
+        return fp8_gemm(h_codes, h_scales, w2, w2_scale, x.dtype, c2)
+    if codes is not None:
+        a, a_scale = codes
+    elif a_mode == A_BF16:
+        a, a_scale = x, x
     else:
-        (a, a_scale), a_mode = quantize_act(x), A_CODES
+        a, a_scale = quantize_act(x)
     h_codes = torch.empty(m, hdim, device=x.device, dtype=FP8)
-    h_scales = torch.empty(m, hb, device=x.device, dtype=torch.float32)
+    h_scales = torch.empty(m, hdim // GROUP, device=x.device, dtype=torch.float32)
     # split-K partials, where a phase splits K (an unsplit phase never touches its pointer)
-    p1 = torch.empty(splits1, m, h2, device=x.device, dtype=torch.float32) if mode1 else h_scales
-    p2 = torch.empty(splits2, m, d, device=x.device, dtype=torch.float32) if mode2 else h_scales
-    units1 = tiles1_n * tiles1_m * splits1
-    units2 = tiles2_n * tiles2_m * splits2
-    programs = min(units1 + units2, PROGRAMS_PER_SM * sms)
-    _fp8_mlp_kernel[(programs,)](
+    splits1, splits2 = launch.splits
+    p1 = torch.empty(splits1, m, h2, device=x.device, dtype=torch.float32) if splits1 > 1 else h_scales
+    p2 = torch.empty(splits2, m, d, device=x.device, dtype=torch.float32) if splits2 > 1 else h_scales
+    _fp8_mlp_kernel[(launch.programs,)](
         a, a_scale, w13, w13_scale, h_codes, h_scales, w2, w2_scale, y, p1, p2, counters,
-        m, d, hdim, d, triton.cdiv(d, GROUP), hb, gps1, tiles1_n, tiles1_m, units1, gps2, tiles2_n, tiles2_m, units2,
-        a.stride(0), y.stride(0), off_cnt2, off_ready, off_work,
-        BLOCK_M1=c1.block_m, SWAP1=c1.swap_ab, SPLITS1=splits1, MODE1=mode1, A_MODE1=a_mode, EVEN1=even1,
-        BLOCK_M2=c2.block_m, BLOCK_N2=c2.block_n, SWAP2=c2.swap_ab, SPLITS2=splits2, MODE2=mode2, EVEN2=even2,
-        HB_P2=triton.next_power_of_2(hb), ROUND=round_code(x.dtype), SOFT_ROUND=_interpreting(),
-        num_warps=launch_warps(c1, c2), num_stages=STAGES, **launch_args(),
+        *launch.ints, a.stride(0), y.stride(0), *launch.offsets,
+        **launch.constexprs, SOFT_ROUND=_interpreting(), num_warps=launch.num_warps, num_stages=STAGES,
+        **launch_args(),
     )
     return y
 

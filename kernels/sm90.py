@@ -187,26 +187,25 @@ VARIANTS = {
 
 def mlp_one_launch(m: int) -> Compiled:
     """kernels/fp8_mlp.py's kernel as `fp8_mlp` launches it at the S2-Pro MLP shape and M
-    rows (its configs, warps and stages)."""
+    rows, bf16 in (its `plan`: configs, constexprs, warps; its stages)."""
+    import torch
+
     from kernels.fp8_gemm import A_BF16, A_CODES
-    from kernels.fp8_mlp import STAGES, _fp8_mlp_kernel, _phase, launch_warps, mlp_configs
+    from kernels.fp8_mlp import STAGES, _fp8_mlp_kernel, mlp_configs, plan
 
     d, h = 2560, 9728
     c1, c2 = mlp_configs(m, d, h, 132)
-    _, splits1, _, mode1, even1 = _phase(m, d, c1)
-    _, splits2, _, mode2, even2 = _phase(m, h, c2)
     a_mode = A_BF16 if c1.quantize_in_gemm else A_CODES
+    launch = plan(m, d, h, c1, c2, a_mode, torch.bfloat16, 132)
     types = {"x_ptr": "*bf16" if a_mode == A_BF16 else "*fp8e4nv", "xs_ptr": "*bf16" if a_mode == A_BF16 else "*fp32",
              "w13_ptr": "*fp8e4nv", "w13s_ptr": "*fp32", "h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "w2_ptr": "*fp8e4nv",
              "w2s_ptr": "*fp32", "y_ptr": "*bf16", "p1_ptr": "*fp32", "p2_ptr": "*fp32", "cnt_ptr": "*i32"}
     for name in ("M", "D", "H", "N", "DB", "HB", "GPS1", "TILES1_N", "TILES1_M", "UNITS1", "GPS2", "TILES2_N",
                  "TILES2_M", "UNITS2", "stride_xm", "stride_ym", "OFF_CNT2", "OFF_READY", "OFF_WORK"):
         types[name] = "i32"
-    consts = dict(BLOCK_M1=c1.block_m, SWAP1=c1.swap_ab, SPLITS1=splits1, MODE1=mode1, A_MODE1=a_mode, EVEN1=even1,
-                  BLOCK_M2=c2.block_m, BLOCK_N2=c2.block_n, SWAP2=c2.swap_ab, SPLITS2=splits2, MODE2=mode2,
-                  EVEN2=even2, HB_P2=triton.next_power_of_2(h // 128), ROUND=1, SOFT_ROUND=False, PDL=False)
     aligned = {n for n in types if n.endswith("_ptr")} | {"D", "H", "N", "stride_xm", "stride_ym"}
-    return compile_sm90(_fp8_mlp_kernel, types, consts, launch_warps(c1, c2), STAGES, aligned)
+    return compile_sm90(_fp8_mlp_kernel, types, {**launch.constexprs, "SOFT_ROUND": False, "PDL": False},
+                        launch.num_warps, STAGES, aligned)
 
 
 def report(names=None) -> dict:

@@ -86,10 +86,9 @@ def main(argv=None) -> int:
                 err = ((call(*one).float() - ref).norm() / ref.norm()).item()
                 assert err < 0.05, err
             us = timer.us_per_call([lambda c=c: call(*c) for c in caches])
-            rows.append({"fp8": fp8, "split": split, "block": block, "num_warps": w, "num_stages": st,
-                         "us": us, "bytes": nbytes, "tb_per_s": nbytes / us / 1e6 if us == us else float("nan")})
-            print(f"{'fp8 ' if fp8 else 'bf16'} split {split} block {block:>3} warps {w} "
-                  f"stages {st}: {us:8.1f} us "
+            rows.append({"fp8": fp8, "split": split, "block": block, "num_warps": w, "num_stages": st, "us": us,
+                         "bytes": nbytes, "tb_per_s": nbytes / us / 1e6 if us == us else float("nan")})
+            print(f"{'fp8 ' if fp8 else 'bf16'} split {split} block {block:>3} warps {w} stages {st}: {us:8.1f} us "
                   f"{rows[-1]['tb_per_s']:5.2f} TB/s", flush=True)
         del caches, one
     best = {fp8: min((r for r in rows if r["fp8"] == fp8 and r["us"] == r["us"]), key=lambda r: r["us"])

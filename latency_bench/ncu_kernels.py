@@ -67,8 +67,8 @@ def main(argv=None) -> int:
         kc, vc = make_cache(b, ctx, kv_heads, head_dim, fp8, dev)
         launches = [("default", {})] + ([(s, parse_launch(s)) for s in a.fp8_launch] if fp8 else [])
         for name, kw in launches:
-            calls.append((f"attention {'fp8' if fp8 else 'bf16'} {name}",
-                          lambda kc=kc, vc=vc, kw=kw: decode_attention(q, kc, vc, slots, lengths, max_length=1536, **kw)))
+            calls.append((f"attention {'fp8' if fp8 else 'bf16'} {name}", lambda kc=kc, vc=vc, kw=kw: decode_attention(
+                q, kc, vc, slots, lengths, max_length=1536, **kw)))
     with torch.inference_mode():
         for _, call in calls:  # compile, warm
             call()
