@@ -65,7 +65,7 @@ def resolve_device(device: str | None) -> str:
 # "fp8-swiglu-epilogue": fp8 with the MLP's SwiGLU in the gate/up GEMM's epilogue
 # (engine/quant.py FP8FeedForward; measured slower than fp8 on an H100, 2026-12-05: opt-in);
 # "fp8-mlp-one-launch": that layout with both of the MLP's GEMMs in one persistent launch
-# (kernels/fp8_mlp.py; built 2026-12-06, not measured yet: opt-in)
+# (kernels/fp8_mlp.py; measured slower than fp8 on an H100, 2026-12-06: opt-in)
 QUANT_MODES = ("none", "fp8", "fp8-swiglu-epilogue", "fp8-mlp-one-launch")
 
 

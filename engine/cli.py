@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quant", default="none", choices=QUANT_MODES,
                    help="weight quantization (fp8: block-scaled FP8 linears; fp8-swiglu-epilogue: the MLP's SwiGLU in its "
                         "gate/up GEMM, measured slower than fp8; fp8-mlp-one-launch: that and both MLP GEMMs in one "
-                        "launch, not measured yet)")
+                        "launch, measured slower than fp8)")
     p.add_argument("--reference", action="append", default=[], help="reference audio file (repeatable)")
     p.add_argument("--reference-text", action="append", default=[], help="transcript of each --reference")
     p.add_argument("--temperature", type=float, default=0.7)

@@ -100,8 +100,9 @@ class FP8FeedForward(nn.Module):
 
     `one_launch` (quant mode "fp8-mlp-one-launch"; that layout): at decode batches (M <=
     ONE_LAUNCH_MAX_ROWS) both GEMMs run in one persistent launch (kernels/fp8_mlp.py
-    fp8_mlp), the same bits as the two launches; larger M (prefill) keeps the two. Built
-    2026-12-06, not measured yet."""
+    fp8_mlp), the same bits as the two launches; larger M (prefill) keeps the two. Measured
+    on an H100 (2026-12-06): the block 0.86-1.05x the unfused MLP, the decode step
+    0.74-0.85x, prefill as the epilogue's; latency_bench/reference/h100-s2pro/mlp-one-launch/."""
 
     ONE_LAUNCH_MAX_ROWS = 128
 

@@ -33,11 +33,13 @@ w13 first), each of which is running on some program and never waits, so no resi
 assumption is needed. Under the Triton interpreter the programs run one after another:
 the first takes every unit in order and nothing ever waits.
 
-Not measured yet (built 2026-12-06 on a CPU machine): `latency_bench.kernel_bench`'s MLP
-block times it beside the two-launch paths (`fp8_one_launch`, `--mlp-m` for more rows),
-`latency_bench.mlp_sweep` over its phases' K splits; `bash scripts/gpu_check.sh mlpfused`
-and `mlpsweep` run them with its GPU tests. The engine uses it only in the opt-in quant
-mode `fp8-mlp-one-launch` (engine/quant.py FP8FeedForward one_launch).
+Measured on an H100 (2026-12-06, `bash scripts/gpu_check.sh mlpfused`;
+latency_bench/reference/h100-s2pro/mlp-one-launch/): the block alone 1.01-1.05x the
+default two-launch MLP at M <= 16 and 0.86-0.91x at M = 54-64 (the time of its layout's
+two launches, within 0.5 us), and the engine step 0.74-0.85x (~20 us more a block than
+alone; not diagnosed). Not the default: the engine uses it only in the opt-in quant mode
+`fp8-mlp-one-launch` (engine/quant.py FP8FeedForward one_launch); `latency_bench.mlp_sweep`
+(its phases' K splits) has not been run.
 """
 
 from __future__ import annotations

@@ -382,7 +382,7 @@ ncu)
     ;;
 mlpfused)
     # the MLP block's two FP8 GEMMs in one persistent launch (kernels/fp8_mlp.py, quant mode
-    # fp8-mlp-one-launch; built 2026-12-06, not measured): its GPU tests (the two launches'
+    # fp8-mlp-one-launch; measured 2026-12-06 on an H100, slower: reference/h100-s2pro/mlp-one-launch/): its GPU tests (the two launches'
     # bits, eager and replayed in a graph), the MLP block at M = 1, 16, 54, 64 beside the
     # two-launch paths, then the engine step in fp8 and fp8-mlp-one-launch (~6 min)
     timeout 150 python3 -m pytest -q tests/test_kernel_fp8_mlp.py tests/test_quant.py -k "mlp or one_launch" 2>&1 | tail -2
