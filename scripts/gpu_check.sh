@@ -41,6 +41,7 @@
 #   bash scripts/gpu_check.sh ab64       # FP8 load at c=64, this tree vs .carry/base.tar's, same call (~5 min)
 #   bash scripts/gpu_check.sh firstframes  # load c=1,16,64x3 bf16, a turn's first audio of 1 and of 2 frames, same call (~6 min)
 #   bash scripts/gpu_check.sh thirdframe  # (with its diff applied) load c=16,64x3 bf16, the prefill thread's third frame vs its second only (~7 min)
+#   bash scripts/gpu_check.sh first2     # load c=1,16,64x2 FP8, a turn's first audio of 2 frames vs 1, same call (~5.5 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
@@ -631,6 +632,12 @@ thirdframe)
     timeout 100 python3 -m pytest -q --tb=short -rfE tests/test_gpu.py -k "batched_equals_alone" \
         > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     ab_loads frames 16,64,64,64 480 ${VARIANTS:-second third:--prefill-third-frame}
+    ;;
+first2)
+    # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames
+    # (--codec-first-frames 2; measured in bf16 only: underruns 105 -> 6, TTFA p50 79 ->
+    # 121 ms on an H200) against 1, both --quant fp8, same call, c=1, 16, 64 twice (~5.5 min)
+    ab_loads first2 1,16,64,64 540 ${VARIANTS:-fp8:--quant=fp8 fp8first2:--quant=fp8,--codec-first-frames=2}
     ;;
 cutin)
     # issue 5's gaps early in a reply at c=64: --codec-cut-in (a frame of a stream near
