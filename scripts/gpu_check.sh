@@ -41,6 +41,7 @@
 #   bash scripts/gpu_check.sh ab64       # FP8 load at c=64, this tree vs .carry/base.tar's, same call (~5 min)
 #   bash scripts/gpu_check.sh firstframes  # load c=1,16,64x3 bf16, a turn's first audio of 1 and of 2 frames, same call (~6 min)
 #   bash scripts/gpu_check.sh thirdframe  # (with its diff applied) load c=16,64x3 bf16, the prefill thread's third frame vs its second only (~7 min)
+#   bash scripts/gpu_check.sh h200adopt  # the TMA table re-tuned (written back), kernel table, engine FP8 vs bf16, no tests (~8 min)
 #   bash scripts/gpu_check.sh first2     # load c=1,16,64x2 FP8, a turn's first audio of 2 frames vs 1, same call (~5.5 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
@@ -632,6 +633,21 @@ thirdframe)
     timeout 100 python3 -m pytest -q --tb=short -rfE tests/test_gpu.py -k "batched_equals_alone" \
         > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     ab_loads frames 16,64,64,64 480 ${VARIANTS:-second third:--prefill-third-frame}
+    ;;
+h200adopt)
+    # the TMA table re-tuned on this card without the FP8 tests (adopt's, ~200 s, run in a
+    # later call): the sweep written into kernels/fp8_configs.py (returned in $out), issue
+    # 7's kernel table (GEMMs vs _scaled_mm, MLP block at M = 1) on it, then the engine step
+    # FP8 vs bf16 (~8 min)
+    timeout ${SWEEP_S:-200} python3 -m latency_bench.kernel_sweep --tma --no-warp-specialize --write-configs kernels/fp8_configs.py \
+        --out "$out/kernel_sweep" > "$out/kernel_sweep.log" 2>&1; grep -A3 "^TUNED with" "$out/kernel_sweep.log"
+    cp kernels/fp8_configs.py "$out/"
+    timeout 110 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | grep -v "^  (skipped" \
+        | tee "$out/kernel_bench.log" | tail -12
+    for q in fp8 none; do
+        timeout 80 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,54,64 --quant $q \
+            --skip-eager --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 | grep -v Warn | tail -8
+    done
     ;;
 first2)
     # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames
