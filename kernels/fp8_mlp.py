@@ -38,8 +38,9 @@ latency_bench/reference/h100-s2pro/mlp-one-launch/): the block alone 1.01-1.05x 
 default two-launch MLP at M <= 16 and 0.86-0.91x at M = 54-64 (the time of its layout's
 two launches, within 0.5 us), and the engine step 0.74-0.85x (~20 us more a block than
 alone; not diagnosed). Not the default: the engine uses it only in the opt-in quant mode
-`fp8-mlp-one-launch` (engine/quant.py FP8FeedForward one_launch); `latency_bench.mlp_sweep`
-(its phases' K splits) has not been run.
+`fp8-mlp-one-launch` (engine/quant.py FP8FeedForward one_launch). Its K-split sweep
+(latency_bench/mlp_sweep.py, commit 662476d) was removed unrun: no split can recover the
+engine's loss.
 """
 
 from __future__ import annotations

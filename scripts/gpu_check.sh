@@ -16,7 +16,6 @@
 #   bash scripts/gpu_check.sh attention  # decode attention alone, bf16 vs FP8 KV, over its launch choices (~3 min)
 #   bash scripts/gpu_check.sh ncu        # Nsight Compute counters of the FP8 GEMMs (M = 1, 54) and decode attention (bf16, FP8 KV) (~2 min; NCU_SOURCE=1: by source line)
 #   bash scripts/gpu_check.sh mlpfused   # the MLP's two FP8 GEMMs in one launch: GPU tests, MLP block at M = 1..64, engine step vs fp8 (~6 min)
-#   bash scripts/gpu_check.sh mlpsweep   # the one-launch MLP over its phases' K splits, checked and timed at M = 1..64 (~4 min)
 #   bash scripts/gpu_check.sh fp8check   # the attention sweep + the FP8 kernel table on the adopted launch table (~6 min)
 #   bash scripts/gpu_check.sh attnlaunch  # decode attention's measured launch vs the short splits: tests, engine step, bf16 and FP8 KV (~4 min)
 #   bash scripts/gpu_check.sh fp8e2e   # FP8 tests, engine bench with FP8 and bf16, kernel table (~8 min)
@@ -286,8 +285,10 @@ adopt)
     # batch). SWEEP_ARGS adds sweep flags, SWEEP_S its time limit (default 260 s):
     # SWEEP_ARGS="--tma --no-warp-specialize" SWEEP_S=200 TESTS_S=200 adopts the TMA kernel where it wins
     # (2026-12-06, H100: the whole sweep took 94 s; TESTS_S=60 cut the FP8 tests short, they need ~200 s)
-    timeout ${TESTS_S:-130} python3 -m pytest -q "${fp8_tests[@]}" tests/test_gpu.py -k "fp8 or cublas or batch" > "$out/fp8_tests.log" 2>&1
-    tail -8 "$out/fp8_tests.log"
+    if [ "${TESTS_S:-130}" != 0 ]; then  # TESTS_S=0: no tests
+        timeout ${TESTS_S:-130} python3 -m pytest -q "${fp8_tests[@]}" tests/test_gpu.py -k "fp8 or cublas or batch" > "$out/fp8_tests.log" 2>&1
+        tail -8 "$out/fp8_tests.log"
+    fi
     timeout ${SWEEP_S:-260} python3 -m latency_bench.kernel_sweep ${SWEEP_ARGS:-} --write-configs kernels/fp8_configs.py --out "$out/kernel_sweep" 2>&1 \
         | tee "$out/kernel_sweep.log" | grep -A80 "^TUNED with"
     cp kernels/fp8_configs.py "$out/"
@@ -395,13 +396,6 @@ mlpfused)
             --skip-eager --steps 30 --context 800 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 \
             | grep -v Warn | grep "^ *[0-9]" | sed "s/^/$q: /"
     done
-    ;;
-mlpsweep)
-    # the one-launch MLP over its two phases' K splits (w13: 1, 2, 4; w2: 2, 4, 8) at M = 1,
-    # 16, 54, 64, each pair checked against the two launches' bits first, beside the
-    # engine's two-launch MLP (latency_bench/mlp_sweep.py; ~4 min, most of it compiling)
-    timeout 420 python3 -m latency_bench.mlp_sweep --out "$out/mlp_sweep" 2>&1 | grep -v Warn \
-        | tee "$out/mlp_sweep.log" | grep "^M=[0-9]*:"
     ;;
 fp8check)
     # the next FP8 questions in one call: the attention sweep above, then the kernel table
@@ -635,19 +629,11 @@ thirdframe)
     ab_loads frames 16,64,64,64 480 ${VARIANTS:-second third:--prefill-third-frame}
     ;;
 h200adopt)
-    # the TMA table re-tuned on this card without the FP8 tests (adopt's, ~200 s, run in a
-    # later call): the sweep written into kernels/fp8_configs.py (returned in $out), issue
-    # 7's kernel table (GEMMs vs _scaled_mm, MLP block at M = 1) on it, then the engine step
-    # FP8 vs bf16 (~8 min)
-    timeout ${SWEEP_S:-200} python3 -m latency_bench.kernel_sweep --tma --no-warp-specialize --write-configs kernels/fp8_configs.py \
-        --out "$out/kernel_sweep" > "$out/kernel_sweep.log" 2>&1; grep -A3 "^TUNED with" "$out/kernel_sweep.log"
-    cp kernels/fp8_configs.py "$out/"
+    # adopt with the TMA sweep and without the FP8 tests (~200 s, for a later call), then
+    # issue 7's kernel table (GEMMs vs _scaled_mm, MLP block at M = 1) on the new table (~8 min)
+    TESTS_S=0 SWEEP_ARGS="--tma --no-warp-specialize" SWEEP_S=${SWEEP_S:-200} bash "$0" adopt
     timeout 110 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | grep -v "^  (skipped" \
         | tee "$out/kernel_bench.log" | tail -12
-    for q in fp8 none; do
-        timeout 80 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16,54,64 --quant $q \
-            --skip-eager --steps 30 --context 400 --max-len 1536 --prompt-lengths 300 --out "$out/engine_$q" 2>&1 | grep -v Warn | tail -8
-    done
     ;;
 first2)
     # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames
