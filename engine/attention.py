@@ -60,6 +60,11 @@ class DecodeMeta:
     fused_qkv: bool = False
     # positions + 1, the kernel's per-row lengths: made once per step, not once per layer
     lengths: Tensor | None = None
+    # the kernel only: [B] int64 each, stream b reads its first prefix_lens[b] positions
+    # (its voice prompt) from row prefix_rows[b], which holds the same ones
+    # (kernels/decode_attention.py, shared voice prefixes); None: every stream its own row
+    prefix_rows: Tensor | None = None
+    prefix_lens: Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +171,8 @@ def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta)
         from kernels.decode_attention import decode_attention
 
         lengths = meta.lengths if meta.lengths is not None else meta.positions + 1
-        out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, lengths, max_length=meta.kv_len)
+        out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, lengths, max_length=meta.kv_len,
+                               prefix_rows=meta.prefix_rows, prefix_lens=meta.prefix_lens)
         return out[:, None]
     keys = load_form(k_cache[meta.slots, : meta.kv_len], q.dtype)  # gather: [B, kv_len, K, Dh]
     values = load_form(v_cache[meta.slots, : meta.kv_len], q.dtype)

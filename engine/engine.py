@@ -94,6 +94,11 @@ class EngineConfig:
     # PDL_BATCHES): each one's launch overlaps the work of the one before. False: one
     # after another (an A/B baseline). Off in the naive baseline.
     pdl: bool = True
+    # decode attention reads the voice prompt's positions of streams with the same voice
+    # from one of their rows in the step (engine/runner.py, shared voice prefixes): the
+    # same output, fewer HBM bytes when many streams share a voice. Off until measured on
+    # a GPU (`bash scripts/gpu_check.sh sharedprefix`); on a CPU it changes nothing.
+    shared_prefix_reads: bool = False
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0
@@ -245,7 +250,8 @@ class Engine:
         # the naive baseline runs eager: no CUDA graphs
         self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
                              kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None,
-                             pdl=False if c.naive or not c.pdl else None)
+                             pdl=False if c.naive or not c.pdl else None,
+                             shared_prefix=c.shared_prefix_reads and not c.naive)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,

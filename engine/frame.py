@@ -102,8 +102,10 @@ def decode_frame(
     frame_index: Tensor,
     attention_kernel: bool = False,
     fused_qkv: bool = False,
+    prefix: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
-    the next frame [B, 1 + C]."""
-    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel, fused_qkv)
+    the next frame [B, 1 + C]. `prefix`: where each stream's voice prompt is read from
+    (model.decode_slow)."""
+    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel, fused_qkv, prefix)
     return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index, fused_qkv)

@@ -14,6 +14,15 @@ launched before the host has looked at step t. The host reads each step's frames
 pinned buffer behind a CUDA event, one step late. Only a change of batch membership moves
 data from the host (the slot list, through a pinned staging buffer).
 
+Shared voice prefixes (`shared_prefix`): every stream of a voice holds the same prompt
+KV at its first positions (one prefilled prefix, copied into each slot). The runner
+remembers which prefix each slot holds, and a decode step points the streams of one
+voice at one of them in the same batch for those positions (kernels/decode_attention.py),
+so the step's attention reads each voice prompt's bytes from L2 instead of one copy per
+stream from HBM; the output is the same bit for bit. The row read from is always a
+stream of the same step: its prefix cannot be overwritten (only the prefill thread
+writes prefixes, into free slots) while the step is in flight.
+
 On a GPU, one CUDA graph per batch-size bucket captures the whole step (gather, slow
 step, every fast codebook step, sampling, window update, scatter), so a step is one
 graph replay; graphs attend through the Triton decode-attention kernel, which reads each
@@ -24,9 +33,11 @@ select the eager and reference paths on a GPU too).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from contextlib import nullcontext
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +70,7 @@ PDL_BATCHES = (1,)
 PREFILL_BATCHES = (1, 2, 4, 8, 16)
 PREFILL_LENGTHS = (16, 32, 64, 128, 256)
 PREFILL_CHUNK_TOKENS = 2048
+_PREFIX_IDS = itertools.count(1)
 
 
 def fuse_feed_forwards_(model) -> None:
@@ -125,6 +137,8 @@ class PrefixKV:
     k: Tensor  # [n_layer, L, K, Dh]
     v: Tensor
     length: int
+    # which prefill made these values: slots loaded from one PrefixKV hold the same bits
+    ident: int = dataclasses.field(default_factory=lambda: next(_PREFIX_IDS))
 
     @property
     def nbytes(self) -> int:
@@ -145,6 +159,7 @@ class Runner:
         kv_quant: str = "none",
         gemv: bool | None = None,
         pdl: bool | None = None,
+        shared_prefix: bool = False,
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -194,7 +209,14 @@ class Runner:
         self.slots_host = torch.full((2, self.buckets[-1]), self.scratch_row, dtype=torch.long, pin_memory=pin)
         self.out_host = torch.zeros(2, self.buckets[-1], 1 + c.num_codebooks, dtype=torch.long, pin_memory=pin)
         self._parity = 0
-        self._last_slots: list[int] | None = None
+        self._last_slots: list | None = None
+        # shared voice prefixes (module docstring): per slot, (PrefixKV.ident, length) of
+        # the prefix its first positions hold, or None; staged with the slot list
+        self.shared_prefix = shared_prefix and self.attention_kernel
+        self.slot_prefix: list[tuple[int, int] | None] = [None] * rows
+        self.batch_prefix = torch.zeros(2, self.buckets[-1], dtype=torch.long, device=dev)  # rows, lengths
+        self.batch_prefix[0].fill_(self.scratch_row)
+        self.prefix_host = torch.zeros(2, 2, self.buckets[-1], dtype=torch.long, pin_memory=pin)
         # GPU seconds of the decode steps read so far: from each step's first kernel to
         # its last on the decode stream, waits behind the codec's and prefill's kernels
         # included (timing events; engine stats and latency_bench's load shares)
@@ -314,21 +336,25 @@ class Runner:
         length = tokens.shape[1]
         self._check_room(0, length)
         with self._prefill_lock, self._on_prefill_stream():
+            self.slot_prefix[slot] = None
             if self.chunked_prefill:
                 self._prefill_chunks([(slot, 0, tokens)])
             else:
                 self.model.prefill(tokens.to(self.device, non_blocking=True), slot, 0, self.kv)
             prefix = PrefixKV(self.kv.k[:, slot, :length].clone(), self.kv.v[:, slot, :length].clone(), length)
             self._sync_prefill()
+            self.slot_prefix[slot] = (prefix.ident, length)
         return prefix
 
     @torch.inference_mode()
     def load_prefix(self, slot: int, prefix: PrefixKV) -> None:
         """Copy a cached voice prefix into `slot` (a device copy instead of a prefill)."""
         with self._prefill_lock, self._on_prefill_stream():
+            self.slot_prefix[slot] = None
             self.kv.k[:, slot, : prefix.length].copy_(prefix.k, non_blocking=True)
             self.kv.v[:, slot, : prefix.length].copy_(prefix.v, non_blocking=True)
             self._sync_prefill()
+            self.slot_prefix[slot] = (prefix.ident, prefix.length)
 
     def prefill_segment(self, slot: int, start: int, tokens: Tensor, params: SamplingParams) -> np.ndarray:
         """Prefill a segment's tokens ([1 + C, T]) at `start` and sample its first frame.
@@ -345,6 +371,9 @@ class Runner:
             raise ValueError(f"1 to {MAX_PREFILL_BATCH} segments per batched prefill, got {len(items)}")
         for slot, start, tokens, _ in items:
             self._check_room(start, tokens.shape[1])
+            held = self.slot_prefix[slot]
+            if held is not None and start < held[1]:  # overwrites the voice prompt: no longer shared
+                self.slot_prefix[slot] = None
         if self.chunked_prefill:
             return self._chunked_segments(items)
         return self._eager_segments(items)
@@ -571,12 +600,17 @@ class Runner:
             if self.cuda:
                 started = torch.cuda.Event(enable_timing=True)
                 started.record(self.decode_stream)
-            if slots != self._last_slots:
+            # a slot that left and came back with another voice keeps its number: the
+            # prefixes are part of what the staged lists depend on
+            members = [(s, self.slot_prefix[s]) for s in slots] if self.shared_prefix else list(slots)
+            if members != self._last_slots:
                 staging = self.slots_host[self._parity]
                 staging[:n] = torch.tensor(slots, dtype=torch.long)
                 staging[n:bucket] = self.scratch_row
                 self.batch_slots[:bucket].copy_(staging[:bucket], non_blocking=True)
-                self._last_slots = list(slots)
+                if self.shared_prefix:
+                    self._stage_prefixes(members, bucket)
+                self._last_slots = members
             if self.cuda_graphs:
                 self.graphs[bucket].replay()
             else:
@@ -590,6 +624,22 @@ class Runner:
                 event.record(self.decode_stream)
         return StepHandle(parity, n, event, started)
 
+    def _stage_prefixes(self, members: list[tuple[int, tuple[int, int] | None]], bucket: int) -> None:
+        """Each stream's prefix row: the first stream of this batch holding the same
+        prefix (itself for the first, and for a stream with none, length 0)."""
+        first: dict[int, int] = {}
+        rows, lengths = [], []
+        for slot, held in members:
+            rows.append(slot if held is None else first.setdefault(held[0], slot))
+            lengths.append(0 if held is None else held[1])
+        staging = self.prefix_host[self._parity]
+        n = len(members)
+        staging[0, :n] = torch.tensor(rows, dtype=torch.long)
+        staging[1, :n] = torch.tensor(lengths, dtype=torch.long)
+        staging[0, n:bucket] = self.scratch_row
+        staging[1, n:bucket] = 0
+        self.batch_prefix[:, :bucket].copy_(staging[:, :bucket], non_blocking=True)
+
     def read(self, handle: StepHandle) -> np.ndarray:
         """The frames of a launched step, [batch, 1 + C] (waits for that step only)."""
         if handle.event is not None:
@@ -598,12 +648,14 @@ class Runner:
         return self.out_host[handle.parity, : handle.batch].numpy().copy()
 
     def _step(self, bucket: int, kv_len: int) -> None:
-        self.out[:bucket].copy_(self._frame_step(self.batch_slots[:bucket], self.decode_fast, kv_len))
+        prefix = (self.batch_prefix[0, :bucket], self.batch_prefix[1, :bucket]) if self.shared_prefix else None
+        self.out[:bucket].copy_(self._frame_step(self.batch_slots[:bucket], self.decode_fast, kv_len, prefix))
 
-    def _frame_step(self, idx: Tensor, fast: FastCache, kv_len: int) -> Tensor:
+    def _frame_step(self, idx: Tensor, fast: FastCache, kv_len: int, prefix: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """One frame for the rows idx ([B]): each row's input frame at its position, the
         frame sampled, its state moved on (tokens, window, position, noise counter); the
-        decode step's body, and the prefill's second frame (with its own fast cache)."""
+        decode step's body, and the prefill's second frame (with its own fast cache).
+        `prefix`: the decode step's shared voice prefixes (module docstring)."""
         tokens = self.tokens[idx]
         windows = self.windows[idx]
         push_window(windows, tokens[:, 1:])  # the input frame joins the window before sampling
@@ -611,7 +663,7 @@ class Runner:
         frame_index = self.frame_index[idx]
         out = decode_frame(
             self.model, self.kv, fast, tokens, idx, positions, kv_len,
-            self.params.gather(idx), windows, frame_index, self.attention_kernel, self.fused_qkv,
+            self.params.gather(idx), windows, frame_index, self.attention_kernel, self.fused_qkv, prefix,
         )
         self.tokens.index_copy_(0, idx, out)
         self.windows.index_copy_(0, idx, windows)
@@ -631,6 +683,8 @@ class Runner:
         with torch.inference_mode(), torch.cuda.stream(self.decode_stream):
             for bucket in reversed(self.buckets):
                 self.batch_slots.fill_(self.scratch_row)
+                self.batch_prefix[0].fill_(self.scratch_row)
+                self.batch_prefix[1].zero_()
                 # eager launches (prefill, tools) and the prefill graphs go without
                 with launching(bucket in self.pdl_buckets):
                     self.graphs[bucket], _ = capture(lambda: self._step(bucket, self.max_len), self.decode_stream, pool)

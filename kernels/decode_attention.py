@@ -10,7 +10,17 @@ attention: each program takes one KV head and the G = H / K query heads that sha
     v_cache  [rows, L, K, D]
     slots    [B] int64            KV row of each stream
     lengths  [B] int64            valid positions of each stream (its new position + 1)
+    prefix_rows, prefix_lens      optional [B] int64: stream b reads its positions below
+                                  prefix_lens[b] from row prefix_rows[b] instead of its own
     -> out   [B, H, D]
+
+Shared voice prefixes: streams that speak with the same voice hold bit-identical KV for
+the voice prompt (~340 positions of an S2-Pro context of 340-1,000: the engine copies one
+prefilled prefix into each stream's row). Pointed at one row holding it, every stream of
+the batch reads the same prefix bytes, which the step's concurrent programs then find in
+L2 instead of each reading its own copy from HBM. The output is the same bit for bit
+(the same values in the same order); the caller guarantees that row b's and row
+prefix_rows[b]'s first prefix_lens[b] positions are equal and stay so for the call.
 
 Pass 1 (`_decode_attention_split_kernel`): grid (B, K, splits); each program runs an online
 softmax over its split of positions and writes a partial output and its log-sum-exp.
@@ -85,7 +95,7 @@ def launch_choice(rows: int, kv_heads: int, fp8: bool) -> Launch:
 
 @triton.jit
 def _decode_attention_split_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slots_ptr, lengths_ptr, part_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slots_ptr, lengths_ptr, prefix_rows_ptr, prefix_lens_ptr, part_ptr, lse_ptr,
     stride_qb, stride_qh,
     stride_kr, stride_kl, stride_kk,
     stride_vr, stride_vl, stride_vk,
@@ -94,7 +104,7 @@ def _decode_attention_split_kernel(
     scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr,
-    PDL: tl.constexpr = False,
+    SHARED_PREFIX: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches, ks_ptr / vs_ptr their fp32
@@ -125,17 +135,31 @@ def _decode_attention_split_kernel(
     if KV_FP8:
         ks_row = ks_ptr + (slot * stride_kr + kv_head * stride_kk + HEAD_DIM) // 4
         vs_row = vs_ptr + (slot * stride_vr + kv_head * stride_vk + HEAD_DIM) // 4
+    if SHARED_PREFIX:  # positions below prefix_len come from row prefix_row (module docstring)
+        prefix_row = tl.load(prefix_rows_ptr + b)
+        prefix_len = tl.load(prefix_lens_ptr + b)
     if start < end:  # splits past this stream's length do no work
         # a fixed trip count (masked past `end`): masked lanes read no memory, and the
         # interpreter cannot loop over tensor bounds
         for i in range(0, SPLIT_SIZE // BLOCK):
             offs_n = start + i * BLOCK + tl.arange(0, BLOCK)
             valid = offs_n < end
-            k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=valid[:, None], other=0.0)
-            v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=valid[:, None], other=0.0)
+            if SHARED_PREFIX:  # each position's row, relative to this stream's own
+                row_shift = tl.where(offs_n < prefix_len, prefix_row - slot, 0)  # [BLOCK]
+                k_at = row_shift * stride_kr + offs_n * stride_kl
+                v_at = row_shift * stride_vr + offs_n * stride_vl
+            else:
+                k_at = offs_n * stride_kl
+                v_at = offs_n * stride_vl
+            k = tl.load(k_row + k_at[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+            v = tl.load(v_row + v_at[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
             if KV_FP8:  # e4m3 -> fp16 / fp32 is exact; each key's scale multiplies its scores below
-                k_scale = tl.load(ks_row + offs_n * (stride_kl // 4), mask=valid, other=0.0)
-                v_scale = tl.load(vs_row + offs_n * (stride_vl // 4), mask=valid, other=0.0)
+                if SHARED_PREFIX:
+                    k_scale = tl.load(ks_row + row_shift * (stride_kr // 4) + offs_n * (stride_kl // 4), mask=valid, other=0.0)
+                    v_scale = tl.load(vs_row + row_shift * (stride_vr // 4) + offs_n * (stride_vl // 4), mask=valid, other=0.0)
+                else:
+                    k_scale = tl.load(ks_row + offs_n * (stride_kl // 4), mask=valid, other=0.0)
+                    v_scale = tl.load(vs_row + offs_n * (stride_vl // 4), mask=valid, other=0.0)
                 k = k.to(q.dtype)
                 v = v.to(q.dtype) * v_scale[:, None].to(q.dtype)  # the values themselves (exact: powers of two)
             elif DOT_FP32:
@@ -196,6 +220,7 @@ def _combine_kernel(
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_length: int | None = None,
     block: int | None = None, num_warps: int | None = None, num_stages: int | None = None, split: int | None = None,
+    prefix_rows: Tensor | None = None, prefix_lens: Tensor | None = None,
 ) -> Tensor:
     """Attention of one new position per stream; see the module docstring for shapes.
 
@@ -205,7 +230,9 @@ def decode_attention(
     (positions per program), `block` (positions per inner step, a power of two dividing
     `split`), `num_warps` and `num_stages` are launch choices for
     latency_bench.attention_bench; left None, `launch_choice` picks them (the measured
-    choice for the batch and cache kind)."""
+    choice for the batch and cache kind). `prefix_rows` and `prefix_lens` (both or
+    neither) point each stream's first positions at a row holding the same prefix
+    (module docstring)."""
     b, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
     fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
@@ -220,6 +247,9 @@ def decode_attention(
         raise ValueError(f"head group ({group}) and head dim ({d}) must be powers of two")
     if slots.shape != (b,) or lengths.shape != (b,) or slots.dtype != torch.int64 or lengths.dtype != torch.int64:
         raise ValueError("slots and lengths must be int64 [batch]")
+    shared = prefix_rows is not None or prefix_lens is not None
+    if shared and any(t is None or t.shape != (b,) or t.dtype != torch.int64 for t in (prefix_rows, prefix_lens)):
+        raise ValueError("prefix_rows and prefix_lens must both be int64 [batch]")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the head dim must be contiguous in q and in the caches")
     if split is None and block is None and num_warps is None and num_stages is None:
@@ -233,7 +263,8 @@ def decode_attention(
     part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
     _decode_attention_split_kernel[(b, kv_heads, splits)](
-        q, k_arg, v_arg, k_scales, v_scales, slots, lengths, part, lse,
+        q, k_arg, v_arg, k_scales, v_scales, slots, lengths,
+        prefix_rows if shared else slots, prefix_lens if shared else lengths, part, lse,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -242,7 +273,7 @@ def decode_attention(
         d ** -0.5,
         GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=split, BLOCK=block,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, **launch, **launch_args(),
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, SHARED_PREFIX=shared, **launch, **launch_args(),
     )
     out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
     _combine_kernel[(b, h)](
@@ -255,15 +286,24 @@ def decode_attention(
     return out
 
 
-def decode_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor) -> Tensor:
+def decode_attention_reference(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
+    prefix_rows: Tensor | None = None, prefix_lens: Tensor | None = None,
+) -> Tensor:
     """The same function in plain PyTorch (fp32 math; packed FP8 caches dequantized)."""
     b, h, d = q.shape
     group = h // k_cache.shape[2]
     out = torch.empty_like(q)
     for i in range(b):
         n = int(lengths[i])
-        k = load_form(k_cache[slots[i], :n], torch.float32).repeat_interleave(group, dim=1)  # [n, H, D]
-        v = load_form(v_cache[slots[i], :n], torch.float32).repeat_interleave(group, dim=1)
+        cut = 0 if prefix_rows is None else min(n, int(prefix_lens[i]))
+
+        def rows(cache, i=i, n=n, cut=cut):  # positions [0, cut) from the prefix row, the rest from the stream's
+            own = cache[slots[i], cut:n]
+            kept = own if cut == 0 else torch.cat([cache[prefix_rows[i], :cut], own])
+            return load_form(kept, torch.float32).repeat_interleave(group, dim=1)  # [n, H, D]
+
+        k, v = rows(k_cache), rows(v_cache)
         scores = torch.einsum("hd,nhd->hn", q[i].float(), k) * d ** -0.5
         out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)
     return out

@@ -12,6 +12,13 @@ choice against the best bf16 one: the ratio to beat is 1 / 0.56.
     python -m latency_bench.attention_bench --batch 64 --context 1000
     python -m latency_bench.attention_bench --smoke   # a CPU check of the script (interpreter)
 
+With `--shared-prefix N` it times instead the default launch (launch_choice) of both
+caches with every stream reading its first N positions from its own row against from
+one row of the batch (kernels/decode_attention.py, shared voice prefixes: N = 340 is the
+load benchmark's voice prompt), the same call's ratio:
+
+    python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340
+
 Each call reads a different layer's cache (enough copies to overflow L2), inside a CUDA graph.
 """
 
@@ -49,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--warps", default="2,4,8")
     p.add_argument("--stages", default="1,2,3,4")
     p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
+                   help="time own rows against N shared prefix positions instead of the sweep")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/attention_bench")
     a = p.parse_args(argv)
@@ -68,6 +77,8 @@ def main(argv=None) -> int:
     slots = torch.arange(batch, device=device)
     lengths = torch.full((batch,), context, device=device)
     timer = Timer(device, a.replays)
+    if a.shared_prefix:
+        return shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device)
     rows, t0 = [], time.perf_counter()
     for fp8 in (False, True):
         one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
@@ -100,6 +111,43 @@ def main(argv=None) -> int:
                "batch": batch, "context": context, "heads": [heads, kv_heads, head_dim], "smoke": a.smoke,
                "seconds": time.perf_counter() - t0, "rows": rows, "fp8_vs_bf16": ratio}
     write_json(Path(a.out) / "attention_bench.json", results)
+    return 0
+
+
+def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> int:
+    """The default launch of each cache kind, own rows against a prefix shared through row 0."""
+    from kernels.decode_attention import decode_attention
+
+    batch, context = q.shape[0], int(lengths[0])
+    n = min(a.shared_prefix, context)
+    prefix_rows, prefix_lens = torch.zeros_like(slots), torch.full_like(lengths, n)
+    rows, t0 = [], time.perf_counter()
+    for fp8 in (False, True):
+        one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
+        for cache in one:  # every stream holds the same prefix, as one voice's streams do
+            cache[1:batch, :n] = cache[0, :n]
+        nbytes = sum(c[:batch].numel() * c.element_size() for c in one)
+        copies = 2 if a.smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
+        caches = [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
+        own = decode_attention(q, *one, slots, lengths, max_length=context)
+        shared = decode_attention(q, *one, slots, lengths, max_length=context, prefix_rows=prefix_rows,
+                                  prefix_lens=prefix_lens)
+        assert torch.equal(own, shared), "shared prefix reads changed the output"
+        times = {}
+        for name, extra in (("own", {}), ("shared", {"prefix_rows": prefix_rows, "prefix_lens": prefix_lens})):
+            times[name] = timer.us_per_call([lambda c=c, extra=extra: decode_attention(
+                q, *c, slots, lengths, max_length=context, **extra) for c in caches])
+        unique = nbytes * (1 - n / context * (batch - 1) / batch)  # bytes left to read once the prefix is read once
+        rows.append({"fp8": fp8, "own_us": times["own"], "shared_us": times["shared"],
+                     "speedup": times["own"] / times["shared"], "bytes": nbytes, "bytes_without_copies": unique})
+        print(f"{'fp8 ' if fp8 else 'bf16'} batch {batch} context {context} prefix {n}: own rows {times['own']:.1f} us, "
+              f"shared prefix {times['shared']:.1f} us: {rows[-1]['speedup']:.2f}x (bytes alone would allow "
+              f"{nbytes / unique:.2f}x)", flush=True)
+        del caches, one
+    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
+               "batch": batch, "context": context, "shared_prefix": n, "smoke": a.smoke,
+               "seconds": time.perf_counter() - t0, "rows": rows}
+    write_json(Path(a.out) / "attention_shared_prefix.json", results)
     return 0
 
 

@@ -79,6 +79,10 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                    help="capture the single-stream decode graph with its kernels launched one after another instead "
                         "of with programmatic dependent launch (Hopper on: each kernel's launch overlaps the work of "
                         "the one before): an A/B baseline")
+    p.add_argument("--shared-prefix-reads", action="store_true",
+                   help="decode attention reads the voice prompt of streams with the same voice from one of them "
+                        "(the same audio; fewer memory reads when many connections share a voice; not yet measured "
+                        "on a GPU)")
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")
@@ -147,6 +151,7 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
             codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv, pdl=a.pdl,
+            shared_prefix_reads=a.shared_prefix_reads,
             codec_release_interval_s=a.codec_release_interval,
             codec_kernels=a.codec_kernels, codec_cut_in=a.codec_cut_in,
             codec_bucket_step=a.codec_bucket_step, codec_silent=a.codec_silent,

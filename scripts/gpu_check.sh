@@ -42,6 +42,8 @@
 #   bash scripts/gpu_check.sh thirdframe  # (with its diff applied) load c=16,64x3 bf16, the prefill thread's third frame vs its second only (~7 min)
 #   bash scripts/gpu_check.sh h200adopt  # the TMA table re-tuned (written back), kernel table, engine FP8 vs bf16, no tests (~8 min)
 #   bash scripts/gpu_check.sh first2     # load c=1,16,64x2 FP8, a turn's first audio of 2 frames vs 1, same call (~5.5 min)
+#   bash scripts/gpu_check.sh sharedprefix  # shared voice prefix reads: GPU tests, decode attention alone own vs shared rows, load c=16,64x2 bf16 with vs without (~8 min)
+#   bash scripts/gpu_check.sh h100next   # shared-prefix tests + attention alone, then load c=64x2 FP8: default / first audio of 2 frames / shared prefix reads (~9 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
@@ -86,7 +88,7 @@ gate() {
 gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py
            tests/test_kernel_add_rms_norm.py tests/test_kernel_swiglu.py tests/test_kernel_fast_attention.py tests/test_step_kernels.py
            tests/test_kernel_snake.py tests/test_kernel_snake_train.py tests/test_kernel_sample.py tests/test_kernel_conv_state.py
-           tests/test_kernel_residual.py tests/test_kernel_gemv.py)
+           tests/test_kernel_residual.py tests/test_kernel_gemv.py tests/test_shared_prefix.py)
 fp8_tests=(tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py)
 # random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
@@ -634,6 +636,23 @@ h200adopt)
     TESTS_S=0 SWEEP_ARGS="--tma --no-warp-specialize" SWEEP_S=${SWEEP_S:-200} bash "$0" adopt
     timeout 110 python3 -m latency_bench.kernel_bench --out "$out/kernel_bench" 2>&1 | grep -v "^  (skipped" \
         | tee "$out/kernel_bench.log" | tail -12
+    ;;
+sharedprefix|h100next)
+    # shared voice prefix reads (--shared-prefix-reads, kernels/decode_attention.py; built
+    # 2026-12-06 without a GPU): the kernel's and the runner's tests compiled (graphs
+    # too), decode attention alone at batch 64 with the load's ~340-position voice prompt
+    # shared against own rows (both caches), then load A/Bs, one server per arm
+    timeout 120 python3 -m pytest -q --tb=short -rfE tests/test_kernel_decode_attention.py tests/test_shared_prefix.py \
+        > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
+    for ctx in 700 1000; do
+        timeout 60 python3 -m latency_bench.attention_bench --batch 64 --context $ctx --shared-prefix 340 \
+            --out "$out/attention_$ctx" 2>&1 | grep "prefix"
+    done
+    if [ "$part" = sharedprefix ]; then
+        ab_loads shared 16,64,64 ${LOAD_S:-390} ${VARIANTS:-default shared:--shared-prefix-reads}
+    else
+        ab_loads next 64,64 ${LOAD_S:-420} ${VARIANTS:-fp8:--quant=fp8 fp8first2:--quant=fp8,--codec-first-frames=2 fp8shared:--quant=fp8,--shared-prefix-reads}
+    fi
     ;;
 first2)
     # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames

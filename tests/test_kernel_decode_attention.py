@@ -156,3 +156,73 @@ def test_large_batch_launch_matches_the_reference(fp8, dtype):
     ref = decode_attention_reference(q, kc, vc, slots, lens)
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert err < TOL[dtype], err
+
+
+# --- shared voice prefixes (prefix_rows / prefix_lens) ---------------------------------
+
+def shared_prefix_case(fp8: bool, prefix: int, lengths: list[int], dtype=torch.float32):
+    """Rows 0-3 hold the same first `prefix` positions (one voice prompt copied into
+    each stream's row), rows 4-5 another; positions past the prefix differ per row."""
+    b = len(lengths)
+    q, kc, vc, _, lens = case(b, 8, 2, 16, rows=7, cache_len=600, lengths=lengths, dtype=dtype)
+    for cache in (kc, vc):
+        cache[1:4, :prefix] = cache[0, :prefix]
+        cache[5, :prefix] = cache[4, :prefix]
+    if fp8:
+        kc, vc = pack_kv(kc), pack_kv(vc)
+    slots = torch.tensor([0, 1, 2, 3, 4, 5][:b], device=DEVICE)
+    leaders = torch.tensor([0, 0, 0, 0, 4, 4][:b], device=DEVICE)
+    return q, kc, vc, slots, lens, leaders, torch.full((b,), prefix, device=DEVICE)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("prefix, lengths, split", [
+    (340, [1, 300, 341, 599, 340, 517], None),  # a stream shorter than the prefix, one at its edge
+    (100, [600, 64, 101, 257, 5, 600], 64),  # the prefix ends inside a split and inside a block
+    (0, [10, 20, 30, 40, 50, 60], None),  # no prefix: every position from the stream's own row
+])
+def test_shared_prefix_gives_the_same_bits(fp8, prefix, lengths, split):
+    """Read through one row per voice, the attention is bit for bit the attention over each
+    stream's own copy: the same values in the same order."""
+    q, kc, vc, slots, lens, leaders, plens = shared_prefix_case(fp8, prefix, lengths)
+    own = decode_attention(q, kc, vc, slots, lens, split=split)
+    shared = decode_attention(q, kc, vc, slots, lens, split=split, prefix_rows=leaders, prefix_lens=plens)
+    assert torch.equal(own, shared)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_shared_prefix_reads_the_prefix_row_and_the_rest_from_its_own(fp8):
+    """Garbage in the followers' copies of the prefix changes nothing: each stream reads
+    its prefix from the leader's row and everything after it from its own. Without the
+    prefix rows the same garbage does change the output (so the check can fail)."""
+    prefix, lengths = 200, [400, 450, 201, 150, 300, 500]
+    q, kc, vc, slots, lens, leaders, plens = shared_prefix_case(fp8, prefix, lengths)
+    clean = decode_attention(q, kc, vc, slots, lens)
+    followers = torch.tensor([1, 2, 3, 5], device=DEVICE)
+    for cache in (kc, vc):  # fp8: NaN codes and scales; else large values
+        cache[followers, :prefix] = 255 if fp8 else 1e3
+    assert torch.equal(decode_attention(q, kc, vc, slots, lens, prefix_rows=leaders, prefix_lens=plens), clean)
+    spoiled = decode_attention(q, kc, vc, slots, lens)
+    assert not torch.equal(spoiled[followers], clean[followers])
+    assert torch.equal(spoiled[[0, 4]], clean[[0, 4]])  # the leaders read their own rows either way
+    ref = decode_attention_reference(q, kc, vc, slots, lens, prefix_rows=leaders, prefix_lens=plens)
+    err = ((clean.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < TOL[torch.float32], err
+
+
+def test_shared_prefix_arguments_are_checked():
+    q, kc, vc, slots, lens, leaders, plens = shared_prefix_case(False, 10, [20, 20])
+    with pytest.raises(ValueError, match="prefix_rows and prefix_lens"):
+        decode_attention(q, kc, vc, slots, lens, prefix_rows=leaders)
+    with pytest.raises(ValueError, match="prefix_rows and prefix_lens"):
+        decode_attention(q, kc, vc, slots, lens, prefix_rows=leaders.int(), prefix_lens=plens)
+
+
+def test_shared_prefix_benchmark_script_runs(tmp_path):
+    import json
+
+    from latency_bench.attention_bench import main
+
+    assert main(["--smoke", "--shared-prefix", "20", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "attention_shared_prefix.json").read_text())["rows"]
+    assert [r["fp8"] for r in rows] == [False, True] and all(r["own_us"] > 0 and r["shared_us"] > 0 for r in rows)
