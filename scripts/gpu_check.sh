@@ -638,8 +638,8 @@ h200adopt)
         | tee "$out/kernel_bench.log" | tail -12
     ;;
 sharedprefix|h100next)
-    # shared voice prefix reads (--shared-prefix-reads, kernels/decode_attention.py; built
-    # 2026-12-06 without a GPU): the kernel's and the runner's tests compiled (graphs
+    # shared voice prefix reads (on by default since 2026-12-06, --no-shared-prefix-reads
+    # the baseline; kernels/decode_attention.py): the kernel's and the runner's tests compiled (graphs
     # too), decode attention alone at batch 64 with the load's ~340-position voice prompt
     # shared against own rows (both caches), then load A/Bs, one server per arm
     timeout 120 python3 -m pytest -q --tb=short -rfE tests/test_kernel_decode_attention.py tests/test_shared_prefix.py \
@@ -649,16 +649,16 @@ sharedprefix|h100next)
             --out "$out/attention_$ctx" 2>&1 | grep "prefix"
     done
     if [ "$part" = sharedprefix ]; then
-        ab_loads shared 16,64,64 ${LOAD_S:-390} ${VARIANTS:-default shared:--shared-prefix-reads}
-    else
-        ab_loads next 64,64 ${LOAD_S:-420} ${VARIANTS:-fp8:--quant=fp8 fp8first2:--quant=fp8,--codec-first-frames=2 fp8shared:--quant=fp8,--shared-prefix-reads}
+        ab_loads shared 16,64,64 ${LOAD_S:-390} ${VARIANTS:-own:--no-shared-prefix-reads shared}
+    else  # as run on 2026-12-06 (before shared reads were the default; now fp8 and fp8first2 share)
+        ab_loads next 64,64 ${LOAD_S:-420} ${VARIANTS:-fp8:--quant=fp8,--no-shared-prefix-reads fp8first2:--quant=fp8,--codec-first-frames=2,--no-shared-prefix-reads fp8shared:--quant=fp8}
     fi
     ;;
 first2)
     # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames
     # (--codec-first-frames 2; measured in bf16 only: underruns 105 -> 6, TTFA p50 79 ->
     # 121 ms on an H200) against 1, both --quant fp8, same call, c=1, 16, 64 twice (~5.5 min)
-    ab_loads first2 1,16,64,64 540 ${VARIANTS:-fp8:--quant=fp8 fp8first2:--quant=fp8,--codec-first-frames=2}
+    ab_loads first2 1,16,64,64 ${LOAD_S:-540} ${VARIANTS:-fp8:--quant=fp8 fp8first2:--quant=fp8,--codec-first-frames=2}
     ;;
 cutin)
     # issue 5's gaps early in a reply at c=64: --codec-cut-in (a frame of a stream near
