@@ -37,8 +37,7 @@ import itertools
 import logging
 import threading
 from contextlib import nullcontext
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -138,7 +137,7 @@ class PrefixKV:
     v: Tensor
     length: int
     # which prefill made these values: slots loaded from one PrefixKV hold the same bits
-    ident: int = dataclasses.field(default_factory=lambda: next(_PREFIX_IDS))
+    ident: int = field(default_factory=lambda: next(_PREFIX_IDS))
 
     @property
     def nbytes(self) -> int:
