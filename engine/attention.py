@@ -47,6 +47,10 @@ class BatchPrefillMeta:
     # query reads its own row up to its own position, so nothing depends on the host's
     # lengths and the whole prefill can be captured in a CUDA graph (engine/runner.py)
     kernel: bool = False
+    # with `kernel`: kernels/prefill_attention.py instead, a block of a stream's new
+    # positions per program reading each key block once for all of them (bf16 / fp32
+    # caches; an FP8 cache keeps the per-query kernel)
+    blocked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,11 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
     flat = torch.where(valid, meta.slots[:, None] * length + pos, meta.scratch_row * length).flatten()
     _write_rows(k_cache, flat, k.flatten(0, 1))
     _write_rows(v_cache, flat, v.flatten(0, 1))
+    if meta.kernel and meta.blocked and not is_packed(k_cache):
+        from kernels.prefill_attention import prefill_attention
+
+        # the padded positions' keys went to the scratch row above; their outputs are zeros
+        return prefill_attention(q, k_cache, v_cache, meta.slots, meta.starts, meta.lengths, max_length=meta.kv_len)
     if meta.kernel:
         from kernels.decode_attention import decode_attention
 

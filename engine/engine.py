@@ -34,7 +34,7 @@ from engine.codec_worker import CHUNKS, CodecWorker, batch_buckets, chunk_sizes
 from engine.gpu_errors import device_lost
 from engine.kv_cache import KV_QUANTS
 from engine.prompt import Reference, Voice
-from engine.runner import MAX_PREFILL_BATCH, Runner
+from engine.runner import MAX_PREFILL_BATCH, PREFILL_ATTENTION, Runner
 from engine.sampling import SamplingParams
 from engine.scheduler import PrefillWork, Refused, Scheduler, Segment, Stream
 from engine.timeshare import Phases
@@ -102,6 +102,12 @@ class EngineConfig:
     # (latency_bench/reference/h100-s2pro/shared-prefix-first2/). Only where decode
     # attention is the Triton kernel (a GPU); off in the naive baseline.
     shared_prefix_reads: bool = True
+    # the chunked prefill's attention (a GPU): "per-query" (each new position one decode
+    # query: it reads its stream's whole context alone) or "blocked" (16 new positions of
+    # a stream per program, each key block read once for all of them;
+    # kernels/prefill_attention.py). Built 2026-12-06 without a GPU: off until measured
+    # (`python -m latency_bench.engine_bench ... --prefill-attention per-query,blocked`).
+    prefill_attention: str = "per-query"
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0
@@ -144,6 +150,8 @@ class EngineConfig:
             raise ValueError(f"cpu_threads must be None (auto) or in 1..1024, got {self.cpu_threads}")
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
             raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
+        if self.prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, got {self.prefill_attention!r}")
         if not 0 <= self.codec_release_interval_s <= 1:
             raise ValueError(f"codec_release_interval_s must be in 0..1 s, got {self.codec_release_interval_s}")
         chunks = chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
@@ -254,7 +262,8 @@ class Engine:
         self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
                              kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None,
                              pdl=False if c.naive or not c.pdl else None,
-                             shared_prefix=c.shared_prefix_reads and not c.naive)
+                             shared_prefix=c.shared_prefix_reads and not c.naive,
+                             prefill_attention=c.prefill_attention)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,

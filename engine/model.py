@@ -125,16 +125,17 @@ class DualARModel(nn.Module):
 
     def prefill_batch(
         self, tokens: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor, kv_len: int, kv: KVCache,
-        kernel: bool = False,
+        kernel: bool = False, blocked: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Append a segment to each of B streams at once. tokens: [B, 1 + C, S], right-padded;
         slots, starts, lengths: [B] int64 (device; a row of length 0 writes only to the
         scratch row). Returns the head logits and fast input at each stream's last real
         position: [B, num_semantic + 1], [B, fast_dim]. `kernel`: attention through the
-        Triton decode-attention kernel (no host-dependent shapes: CUDA-graph safe)."""
+        Triton decode-attention kernel (no host-dependent shapes: CUDA-graph safe);
+        `blocked` with it: through the blocked prefill kernel (kernels/prefill_attention.py)."""
         b, s = tokens.shape[0], tokens.shape[-1]
         positions = (starts[:, None] + torch.arange(s, device=tokens.device)[None, :]).clamp(max=self.config.max_seq_len - 1)
-        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row, kernel)
+        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row, kernel, blocked)
         h, normed = self._slow(self.embed(tokens), positions, kv, meta)
         last = (torch.arange(b, device=h.device), (lengths - 1).clamp(min=0))
         return self._head(h[last], normed[last])

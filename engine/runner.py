@@ -70,6 +70,7 @@ PREFILL_BATCHES = (1, 2, 4, 8, 16)
 PREFILL_LENGTHS = (16, 32, 64, 128, 256)
 PREFILL_CHUNK_TOKENS = 2048
 _PREFIX_IDS = itertools.count(1)
+PREFILL_ATTENTION = ("per-query", "blocked")
 
 
 def fuse_feed_forwards_(model) -> None:
@@ -159,6 +160,7 @@ class Runner:
         gemv: bool | None = None,
         pdl: bool | None = None,
         shared_prefix: bool = False,
+        prefill_attention: str = "per-query",
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -233,6 +235,11 @@ class Runner:
         self.chunked_prefill = self.cuda_graphs and self.attention_kernel if chunked_prefill is None else chunked_prefill
         if self.chunked_prefill and not self.attention_kernel:
             raise ValueError("chunked prefill attends through the Triton kernel (attention_kernel=True)")
+        # the chunked prefill's attention: "per-query" (each new position a decode query,
+        # kernels/decode_attention.py) or "blocked" (kernels/prefill_attention.py)
+        if prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, got {prefill_attention!r}")
+        self.prefill_blocked = prefill_attention == "blocked"
         wanted = min(max_running, MAX_PREFILL_BATCH)
         self.prefill_batches = [b for b in PREFILL_BATCHES if b < wanted] + [next(b for b in PREFILL_BATCHES if b >= wanted)]
         self.chunk_graphs: dict[tuple[int, int], _ChunkGraph] = {}
@@ -523,7 +530,8 @@ class Runner:
         return next(t for t in PREFILL_LENGTHS if t >= n)
 
     def _chunk_body(self, g: _ChunkGraph, f: _FirstFrameGraph) -> None:
-        head, fast_in = self.model.prefill_batch(g.tokens, g.slots, g.starts, g.lengths, self.max_len, self.kv, kernel=True)
+        head, fast_in = self.model.prefill_batch(g.tokens, g.slots, g.starts, g.lengths, self.max_len, self.kv, kernel=True,
+                                                 blocked=self.prefill_blocked)
         f.head.copy_(head)
         f.fast_in.copy_(fast_in)
 

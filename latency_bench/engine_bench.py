@@ -133,6 +133,9 @@ def main(argv=None) -> int:
                    help="also run CUDA graphs with the step's kernels launched one after another at every batch "
                         "(mode graphs_no_pdl) and with PDL at every batch (graphs_pdl_all): the baselines of "
                         "kernels/pdl.py and engine/runner.py PDL_BATCHES")
+    p.add_argument("--prefill-attention", default="per-query",
+                   help="the chunked prefill's attention, comma-separated: per-query, blocked; each after the first "
+                        "adds a graphs mode (graphs_prefill_blocked) against the first")
     p.add_argument("--skip-eager", action="store_true", help="on a GPU, time the graph modes only (saves minutes)")
     p.add_argument("--attention-launch", default="measured", choices=["measured", "short"],
                    help="decode attention's launch: the measured choice per batch (kernels/decode_attention.py"
@@ -147,6 +150,9 @@ def main(argv=None) -> int:
     kv_quants = a.kv_quant.split(",")
     if any(q not in KV_QUANTS for q in kv_quants):
         p.error(f"--kv-quant takes {', '.join(KV_QUANTS)}, got {a.kv_quant}")
+    prefill_kinds = a.prefill_attention.split(",")
+    if any(k not in runner_module.PREFILL_ATTENTION for k in prefill_kinds):
+        p.error(f"--prefill-attention takes {', '.join(runner_module.PREFILL_ATTENTION)}, got {a.prefill_attention}")
     bundle = load_bundle(a.model, a.device, quant=a.quant)
     device = bundle.device
     modes = ["eager"]
@@ -160,6 +166,11 @@ def main(argv=None) -> int:
             modes += ["graphs_no_pdl", "graphs_pdl_all"]
         if a.skip_eager:
             modes.remove("eager")
+    prefill_of = {}  # modes of a further prefill attention (the rest take the first)
+    if device.type == "cuda" and not a.no_graphs:
+        for k in prefill_kinds[1:]:
+            modes.append(f"graphs_prefill_{k.replace('-', '_')}")
+            prefill_of[modes[-1]] = k
     fastest = next((m for m in modes if m == "graphs"), modes[0])
     kv_of = {m: kv_quants[0] for m in modes}
     for q in kv_quants[1:]:
@@ -174,8 +185,10 @@ def main(argv=None) -> int:
         runner_module.PDL_BATCHES = runner_module.BUCKETS if mode == "graphs_pdl_all" else pdl_batches
         runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=not mode.startswith("eager"),
                         step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode],
-                        gemv=False if mode == "graphs_no_gemv" else None, pdl=False if mode == "graphs_no_pdl" else None)
+                        gemv=False if mode == "graphs_no_gemv" else None, pdl=False if mode == "graphs_no_pdl" else None,
+                        prefill_attention=prefill_of.get(mode, prefill_kinds[0]))
         results[mode] = {
+            "prefill_attention": prefill_of.get(mode, prefill_kinds[0]),
             "step_kernels": runner.model.step_kernels,
             "gemv": runner.gemv,
             "pdl_buckets": runner.pdl_buckets,
@@ -221,6 +234,11 @@ def main(argv=None) -> int:
             print(f"{m} prefill {pf['tokens']:>5} tokens: {pf['ms']:.1f} ms (to the first frame on the host)")
         for sg in results[m]["segments"]:
             print(f"{m} prefill of {sg['batch']:>2} segments of {sg['tokens']} tokens after {sg['start']}: {sg['ms']:.1f} ms")
+    for m in prefill_of:  # each further prefill attention against the first, same run
+        base = results["graphs"]
+        ratios = [f"{b['tokens']} tokens {b['ms'] / n['ms']:.2f}x" for b, n in zip(base["prefill"], results[m]["prefill"])]
+        ratios += [f"{b['batch']} segments {b['ms'] / n['ms']:.2f}x" for b, n in zip(base["segments"], results[m]["segments"])]
+        print(f"{m} against graphs ({prefill_kinds[0]}) (prefill time ratio, higher is faster): {', '.join(ratios)}")
     print(f"wrote {out / 'engine_bench.json'}")
     return 0
 

@@ -44,6 +44,7 @@
 #   bash scripts/gpu_check.sh first2     # load c=1,16,64x2 FP8, a turn's first audio of 2 frames vs 1, same call (~5.5 min)
 #   bash scripts/gpu_check.sh sharedprefix  # shared voice prefix reads: GPU tests, decode attention alone own vs shared rows, load c=16,64x2 bf16 with vs without (~8 min)
 #   bash scripts/gpu_check.sh h100next   # shared-prefix tests + attention alone, then load c=64x2 FP8: default / first audio of 2 frames / shared prefix reads (~9 min)
+#   bash scripts/gpu_check.sh prefillblocked  # the blocked prefill attention: its tests compiled, engine prefill per-query vs blocked, load c=16,64x2 bf16 with vs without (~8 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
@@ -88,7 +89,8 @@ gate() {
 gpu_tests=(tests/test_gpu.py tests/test_kernel_decode_attention.py tests/test_kernel_qk_rope_kv.py tests/test_chunked_prefill.py
            tests/test_kernel_add_rms_norm.py tests/test_kernel_swiglu.py tests/test_kernel_fast_attention.py tests/test_step_kernels.py
            tests/test_kernel_snake.py tests/test_kernel_snake_train.py tests/test_kernel_sample.py tests/test_kernel_conv_state.py
-           tests/test_kernel_residual.py tests/test_kernel_gemv.py tests/test_shared_prefix.py)
+           tests/test_kernel_residual.py tests/test_kernel_gemv.py tests/test_shared_prefix.py
+           tests/test_kernel_prefill_attention.py)
 fp8_tests=(tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_gemm.py tests/test_quant.py)
 # random weights of the S2-Pro shape; a ~300-token voice prompt; 200-frame utterances
 bench=(--model s2-pro --device cuda --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3 --think 0.3)
@@ -653,6 +655,20 @@ sharedprefix|h100next)
     else  # as run on 2026-12-06 (before shared reads were the default; now fp8 and fp8first2 share)
         ab_loads next 64,64 ${LOAD_S:-420} ${VARIANTS:-fp8:--quant=fp8,--no-shared-prefix-reads fp8first2:--quant=fp8,--codec-first-frames=2,--no-shared-prefix-reads fp8shared:--quant=fp8}
     fi
+    ;;
+prefillblocked)
+    # the segment prefill's attention through kernels/prefill_attention.py (a block of 16
+    # new positions per program; built 2026-12-06 without a GPU) against one decode query
+    # per position (the default): its tests and the chunked prefill's compiled, the
+    # engine's prefill (one prompt, 16 segments after a 340-position voice) both ways in
+    # one run, then the load (bf16) with --prefill-attention blocked against the default
+    timeout 150 python3 -m pytest -q --tb=short -rfE tests/test_kernel_prefill_attention.py tests/test_chunked_prefill.py \
+        tests/test_gpu.py -k "prefill or batched or graphs" > "$out/gpu_tests.log" 2>&1
+    grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
+    timeout 120 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16 --skip-eager \
+        --prefill-attention per-query,blocked --steps 10 --context 400 --max-len 1536 --prompt-lengths 300 \
+        --out "$out/engine_prefill" 2>&1 | grep -v Warn | grep "prefill"
+    ab_loads prefill 16,64,64 ${LOAD_S:-330} ${VARIANTS:-per-query blocked:--prefill-attention=blocked}
     ;;
 first2)
     # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames

@@ -49,15 +49,22 @@ def run(runner: Runner, bundle) -> dict:
     return {"k": prefix.k.float().cpu(), "first": np.stack(first), "steps": np.stack(steps)}
 
 
-def test_chunked_prefill_gives_the_eager_frames(bundle):
+@pytest.mark.parametrize("attention", ["per-query", "blocked"])
+def test_chunked_prefill_gives_the_eager_frames(bundle, attention):
     eager = run(Runner(bundle, 4, 128, cuda_graphs=False, attention_kernel=False), bundle)
-    chunked_runner = Runner(bundle, 4, 128, attention_kernel=True, chunked_prefill=True)
+    chunked_runner = Runner(bundle, 4, 128, attention_kernel=True, chunked_prefill=True, prefill_attention=attention)
+    assert chunked_runner.prefill_blocked == (attention == "blocked")
     assert chunked_runner.chunked_prefill
     assert (chunked_runner.chunk_graphs[(1, 8)].graph is not None) == (DEVICE == "cuda")
     chunked = run(chunked_runner, bundle)
     torch.testing.assert_close(chunked["k"], eager["k"], atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(chunked["first"], eager["first"])
     np.testing.assert_array_equal(chunked["steps"], eager["steps"])
+
+
+def test_prefill_attention_kind_is_checked(bundle):
+    with pytest.raises(ValueError, match="prefill_attention"):
+        Runner(bundle, 2, 128, cuda_graphs=False, attention_kernel=True, prefill_attention="flash")
 
 
 def test_chunked_prefill_needs_the_attention_kernel(bundle):

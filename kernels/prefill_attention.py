@@ -1,0 +1,175 @@
+"""Prefill attention over a slot-indexed KV cache: a block of one stream's new positions
+per program (flash-attention forward, causal, grouped-query).
+
+The batched segment prefill (engine/attention.py, BatchPrefillMeta with the kernel) first
+ran each new position as its own decode query (kernels/decode_attention.py): every query
+read its stream's whole context on its own, so a batch of 16 segments x 40 positions at
+a ~700-position context read each stream's KV ~40 times (from L2 at best) in ~10,000
+programs per layer. Here a program takes BLOCK_Q consecutive new positions of one
+stream and the G query heads of one KV head (BLOCK_Q x G rows of one tl.dot) and reads
+each KV block once for all of them.
+
+    q        [B, S, H, D]        the new positions' queries (after RoPE), right-padded
+    k_cache  [rows, L, K, D]     position-major KV rows (engine/kv_cache.py), already
+    v_cache  [rows, L, K, D]     holding the new positions
+    slots    [B] int64           KV row of each stream
+    starts   [B] int64           position of each stream's first new query
+    lengths  [B] int64           real new positions of each stream (the rest is padding)
+    -> out   [B, S, H, D]        padding positions get zeros
+
+Query j of stream b sits at position starts[b] + j and sees keys 0 .. starts[b] + j of
+its row. A row's output does not depend on the other rows of its block or on the batch
+(each row's online softmax runs over the same key blocks, in order; key blocks past a
+block's last query are skipped, and a fully masked block leaves a row's sums exactly as
+they were), so a stream prefilled alone or in a batch gets the same bits.
+
+bf16 / fp16 / fp32 caches only: FP8 caches (kernels/kv_fp8.py) keep the decode-kernel
+path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.pdl import launch_args, pdl_wait
+
+BLOCK_Q = 16  # new positions per program (x the head group: the tl.dot's rows)
+BLOCK_N = 64  # key positions per inner step
+
+
+@triton.jit
+def _prefill_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, starts_ptr, lengths_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kr, stride_kl, stride_kk,
+    stride_vr, stride_vl, stride_vk,
+    stride_ob, stride_os, stride_oh,
+    seq_len, scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    KEY_BLOCKS: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr = False,
+):
+    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_block = tl.program_id(2)
+    slot = tl.load(slots_ptr + b)
+    start = tl.load(starts_ptr + b)
+    length = tl.load(lengths_ptr + b)
+    ROWS: tl.constexpr = BLOCK_Q * GROUP
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    j = q_block * BLOCK_Q + offs_r // GROUP  # each row's new position (index into the segment)
+    head = kv_head * GROUP + offs_r % GROUP
+    real = j < length
+    position = start + j  # [ROWS]: the keys a row sees are 0 .. position
+    q = tl.load(q_ptr + b * stride_qb + j[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :],
+                mask=real[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    # keys up to the block's last real query's position (none for a padding-only block)
+    end = start + tl.minimum(length, (q_block + 1) * BLOCK_Q)
+    end = tl.where(q_block * BLOCK_Q < length, end, 0)
+    k_row = k_ptr + slot * stride_kr + kv_head * stride_kk
+    v_row = v_ptr + slot * stride_vr + kv_head * stride_vk
+    # a fixed trip count with the blocks past `end` skipped: the interpreter cannot loop
+    # over a bound loaded from memory
+    for i in range(0, KEY_BLOCKS):
+        if i * BLOCK_N < end:
+            offs_n = i * BLOCK_N + tl.arange(0, BLOCK_N)
+            in_row = offs_n < end
+            k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=in_row[:, None], other=0.0)
+            v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=in_row[:, None], other=0.0)
+            if DOT_FP32:
+                scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))  # tensor cores, fp32 accumulation
+            scores = scores * scale
+            seen = (offs_n[None, :] <= position[:, None]) & in_row[None, :] & real[:, None]
+            scores = tl.where(seen, scores, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked row: no NaN
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            if DOT_FP32:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m = m_new
+
+    out = tl.where((l > 0.0)[:, None], acc / tl.where(l > 0.0, l, 1.0)[:, None], 0.0)
+    tl.store(out_ptr + b * stride_ob + j[:, None] * stride_os + head[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(j < seq_len)[:, None])
+
+
+def prefill_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor,
+    max_length: int | None = None,
+) -> Tensor:
+    """Causal attention of each stream's new positions over its KV row; see the module
+    docstring for shapes. `max_length` bounds every start + length (default: the cache
+    length); it fixes the kernel's trip count, so a CUDA graph captured once serves any
+    starts and lengths up to it."""
+    b, s, h, d = q.shape
+    rows, cache_len, kv_heads, cache_d = k_cache.shape
+    if k_cache.dtype == torch.uint8 or v_cache.dtype == torch.uint8:
+        raise ValueError("FP8 (packed) caches are read by kernels/decode_attention.py, not here")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype} / {v_cache.dtype}) must share a dtype")
+    if k_cache.shape != v_cache.shape or cache_d != d:
+        raise ValueError(f"k/v caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
+    if h % kv_heads:
+        raise ValueError(f"{h} query heads are not a multiple of {kv_heads} KV heads")
+    group = h // kv_heads
+    if group & (group - 1) or d & (d - 1) or d < 16:
+        raise ValueError(f"head group ({group}) and head dim ({d}) must be powers of two (head dim >= 16)")
+    for name, t in (("slots", slots), ("starts", starts), ("lengths", lengths)):
+        if t.shape != (b,) or t.dtype != torch.int64:
+            raise ValueError(f"{name} must be int64 [batch]")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("the head dim must be contiguous in q and in the caches")
+    max_length = max_length or cache_len
+    if max_length > cache_len:
+        raise ValueError(f"max_length {max_length} exceeds the cache length {cache_len}")
+    out = torch.empty_like(q)
+    grid = (b, kv_heads, triton.cdiv(s, BLOCK_Q))
+    _prefill_attention_kernel[grid](
+        q, k_cache, v_cache, out, slots, starts, lengths,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        s, d ** -0.5,
+        GROUP=group, HEAD_DIM=d, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, KEY_BLOCKS=triton.cdiv(max_length, BLOCK_N),
+        # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, **launch_args(),
+    )
+    return out
+
+
+def prefill_attention_reference(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor,
+) -> Tensor:
+    """The same function in plain PyTorch (fp32 math)."""
+    b, s, h, d = q.shape
+    group = h // k_cache.shape[2]
+    out = torch.zeros_like(q)
+    for i in range(b):
+        n, a = int(lengths[i]), int(starts[i])
+        if n == 0:
+            continue
+        k = k_cache[slots[i], : a + n].float().repeat_interleave(group, dim=1)  # [a + n, H, D]
+        v = v_cache[slots[i], : a + n].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("shd,nhd->hsn", q[i, :n].float(), k) * d ** -0.5
+        seen = torch.arange(a + n)[None, :] <= (a + torch.arange(n))[:, None]  # [n, a + n]
+        scores = scores.masked_fill(~seen.to(scores.device)[None], float("-inf"))
+        out[i, :n] = torch.einsum("hsn,nhd->shd", scores.softmax(-1), v).to(q.dtype)
+    return out
