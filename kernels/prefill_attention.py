@@ -38,6 +38,10 @@ from kernels.pdl import launch_args, pdl_wait
 
 BLOCK_Q = 16  # new positions per program (x the head group: the tl.dot's rows)
 BLOCK_N = 64  # key positions per inner step
+# Compiled for sm90 on a CPU (triton 3.6, `kernels/sm90.py`'s compile, S2-Pro heads: 64 rows
+# x 128): 4 warps spill 112 bytes a thread, 8 warps none (255 registers, 48 KiB shared
+# memory). Not yet timed on a GPU.
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -49,7 +53,7 @@ def _prefill_attention_kernel(
     stride_ob, stride_os, stride_oh,
     seq_len, scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    KEY_BLOCKS: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr = False,
+    DOT_FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     b = tl.program_id(0)
@@ -78,32 +82,31 @@ def _prefill_attention_kernel(
     end = tl.where(q_block * BLOCK_Q < length, end, 0)
     k_row = k_ptr + slot * stride_kr + kv_head * stride_kk
     v_row = v_ptr + slot * stride_vr + kv_head * stride_vk
-    # a fixed trip count with the blocks past `end` skipped: the interpreter cannot loop
-    # over a bound loaded from memory
-    for i in range(0, KEY_BLOCKS):
-        if i * BLOCK_N < end:
-            offs_n = i * BLOCK_N + tl.arange(0, BLOCK_N)
-            in_row = offs_n < end
-            k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=in_row[:, None], other=0.0)
-            v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=in_row[:, None], other=0.0)
-            if DOT_FP32:
-                scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                scores = tl.dot(q, tl.trans(k))  # tensor cores, fp32 accumulation
-            scores = scores * scale
-            seen = (offs_n[None, :] <= position[:, None]) & in_row[None, :] & real[:, None]
-            scores = tl.where(seen, scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked row: no NaN
-            alpha = tl.exp(m - m_safe)
-            p = tl.exp(scores - m_safe[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            if DOT_FP32:
-                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+    # a loop bound loaded from memory: the compiler pipelines its loads (a fixed trip
+    # count with an `if` around the body was not pipelined, sm90 compile with triton 3.6)
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        in_row = offs_n < end
+        k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=in_row[:, None], other=0.0)
+        v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=in_row[:, None], other=0.0)
+        if DOT_FP32:
+            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))  # tensor cores, fp32 accumulation
+        scores = scores * scale
+        seen = (offs_n[None, :] <= position[:, None]) & in_row[None, :] & real[:, None]
+        scores = tl.where(seen, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked row: no NaN
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        if DOT_FP32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
 
     out = tl.where((l > 0.0)[:, None], acc / tl.where(l > 0.0, l, 1.0)[:, None], 0.0)
     tl.store(out_ptr + b * stride_ob + j[:, None] * stride_os + head[:, None] * stride_oh + offs_d[None, :],
@@ -115,9 +118,9 @@ def prefill_attention(
     max_length: int | None = None,
 ) -> Tensor:
     """Causal attention of each stream's new positions over its KV row; see the module
-    docstring for shapes. `max_length` bounds every start + length (default: the cache
-    length); it fixes the kernel's trip count, so a CUDA graph captured once serves any
-    starts and lengths up to it."""
+    docstring for shapes. `max_length` (default: the cache length) is checked against the
+    cache and changes nothing else: each program's trip count comes from its own start
+    and length on the device, so a CUDA graph captured once serves any of them."""
     b, s, h, d = q.shape
     rows, cache_len, kv_heads, cache_d = k_cache.shape
     if k_cache.dtype == torch.uint8 or v_cache.dtype == torch.uint8:
@@ -148,9 +151,9 @@ def prefill_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         s, d ** -0.5,
-        GROUP=group, HEAD_DIM=d, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, KEY_BLOCKS=triton.cdiv(max_length, BLOCK_N),
+        GROUP=group, HEAD_DIM=d, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, **launch_args(),
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, num_warps=NUM_WARPS, **launch_args(),
     )
     return out
 

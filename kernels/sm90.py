@@ -28,6 +28,7 @@ variant below compiles with it as with 3.9):
 
     python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions, registers (JSON)
     python -m kernels.sm90 --mlp    # the one-launch MLP (kernels/fp8_mlp.py) at M = 1, 16, 54, 64
+    python -m kernels.sm90 --attention  # decode attention (shared prefix rows or not) and blocked prefill attention
 
 Not under the Triton interpreter (TRITON_INTERPRET=1 replaces every @triton.jit function
 by its interpreted form, which has nothing to compile): the CLI turns it off for itself,
@@ -208,6 +209,35 @@ def mlp_one_launch(m: int) -> Compiled:
                         launch.num_warps, STAGES, aligned)
 
 
+def attention_kernels() -> dict[str, Compiled]:
+    """The attention kernels at the S2-Pro heads (32 query heads, 8 KV heads of 128, bf16
+    cache) as the engine launches them: decode attention at its large-batch launch with
+    and without shared prefix rows, and the blocked prefill attention."""
+    from kernels.decode_attention import LARGE_BF16, _decode_attention_split_kernel
+    from kernels.prefill_attention import BLOCK_N, BLOCK_Q, NUM_WARPS, _prefill_attention_kernel
+
+    strides = ["stride_qb", "stride_qh", "stride_kr", "stride_kl", "stride_kk", "stride_vr", "stride_vl", "stride_vk"]
+    decode = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr")}
+    decode |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
+    decode |= {n: "*i64" for n in ("slots_ptr", "lengths_ptr", "prefix_rows_ptr", "prefix_lens_ptr")}
+    decode |= {n: "i32" for n in strides + ["stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh"]}
+    aligned = {n for n in decode if n.endswith("_ptr")} | {"stride_kr", "stride_kl", "stride_vr", "stride_vl"}
+    out = {}
+    for shared in (False, True):
+        consts = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "SPLIT_SIZE": LARGE_BF16.split, "BLOCK": LARGE_BF16.block,
+                  "DOT_FP32": False, "KV_FP8": False, "SHARED_PREFIX": shared, "PDL": False}
+        out[f"decode{'_shared_prefix' if shared else ''}"] = compile_sm90(
+            _decode_attention_split_kernel, decode, consts, LARGE_BF16.num_warps, LARGE_BF16.num_stages, aligned)
+    prefill = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    prefill |= {n: "*i64" for n in ("slots_ptr", "starts_ptr", "lengths_ptr")} | {"scale": "fp32", "seq_len": "i32"}
+    prefill |= {n: "i32" for n in strides + ["stride_qs", "stride_ob", "stride_os", "stride_oh"]}
+    aligned = {n for n in prefill if n.endswith("_ptr")} | {"stride_qb", "stride_qs", "stride_kr", "stride_kl",
+                                                             "stride_vr", "stride_vl", "stride_ob", "stride_os"}
+    consts = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_Q": BLOCK_Q, "BLOCK_N": BLOCK_N, "DOT_FP32": False, "PDL": False}
+    out["prefill_blocked"] = compile_sm90(_prefill_attention_kernel, prefill, consts, NUM_WARPS, 2, aligned)
+    return out
+
+
 def report(names=None) -> dict:
     """Each variant compiled: its shared memory, TMA and cp.async copies, partitions; or
     the error that stopped it."""
@@ -237,6 +267,9 @@ def mlp_report(ms=(1, 16, 54, 64)) -> dict:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--mlp"]:
         json.dump(mlp_report(), sys.stdout, indent=1)
+    elif sys.argv[1:] == ["--attention"]:
+        json.dump({name: {"shared_bytes": k.shared_bytes, "registers": k.registers, "local_bytes": k.local_bytes}
+                   for name, k in attention_kernels().items()}, sys.stdout, indent=1)
     else:
         json.dump(report(sys.argv[1:] or None), sys.stdout, indent=1)
     print()
