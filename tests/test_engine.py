@@ -89,13 +89,14 @@ def alone_in_engine(bundle, text, n, config: EngineConfig):
         engine.stop()
 
 
-def check_batched_equals_alone(bundle, n: int = 16, kv_quant: str = "none", prefill_second_frame: bool = True) -> None:
+def check_batched_equals_alone(bundle, n: int = 16, kv_quant: str = "none", prefill_second_frame: bool = True,
+                               prefill_attention: str = "per-query") -> None:
     """Four streams, two joining while the first two decode, each get exactly the frames
-    (and the audio length) the single-stream path gives them (with an FP8 KV cache: the
-    frames each gets alone in an engine with that cache)."""
+    (and the audio length) the single-stream path gives them (with an FP8 KV cache or the
+    blocked prefill attention: the frames each gets alone in an engine with that config)."""
     config = EngineConfig(max_running=4, max_queued=0, max_len=512, kv_quant=kv_quant,
-                          prefill_second_frame=prefill_second_frame)
-    if kv_quant == "none":
+                          prefill_second_frame=prefill_second_frame, prefill_attention=prefill_attention)
+    if kv_quant == "none" and prefill_attention == "per-query":
         expected = [alone(bundle, t, n) for t in TEXTS]
     else:
         expected = [alone_in_engine(bundle, t, n, config) for t in TEXTS]

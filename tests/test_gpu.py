@@ -116,6 +116,15 @@ def test_fp8_kv_engine_with_graphs_batched_equals_alone(bundle):
     check_batched_equals_alone(bundle, kv_quant="fp8")
 
 
+def test_blocked_prefill_engine_with_graphs_batched_equals_alone(bundle):
+    """--prefill-attention blocked (kernels/prefill_attention.py) in the prefill's chunk
+    graphs: a stream's segment prefill does not depend on the others prefilled with it,
+    so each stream gets the frames it gets alone in the same engine."""
+    from test_engine import check_batched_equals_alone
+
+    check_batched_equals_alone(bundle, prefill_attention="blocked")
+
+
 class _Listener:
     """A codec-worker owner that keeps what it hears."""
 
