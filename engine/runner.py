@@ -210,11 +210,16 @@ class Runner:
         self.slots_host = torch.full((2, self.buckets[-1]), self.scratch_row, dtype=torch.long, pin_memory=pin)
         self.out_host = torch.zeros(2, self.buckets[-1], 1 + c.num_codebooks, dtype=torch.long, pin_memory=pin)
         self._parity = 0
-        self._last_slots: list | None = None
+        self._last_slots: list[int] | None = None
         # shared voice prefixes (module docstring): per slot, (PrefixKV.ident, length) of
-        # the prefix its first positions hold, or None; staged with the slot list
+        # the prefix its first positions hold, or None; staged with the slot list, and
+        # again after any slot's prefix changed (a slot that left and came back with
+        # another voice keeps its number; the version saves the decode loop comparing
+        # every stream's prefix each step)
         self.shared_prefix = shared_prefix and self.attention_kernel
         self.slot_prefix: list[tuple[int, int] | None] = [None] * rows
+        self._prefix_version = 0
+        self._staged_version = -1
         self.batch_prefix = torch.zeros(2, self.buckets[-1], dtype=torch.long, device=dev)  # rows, lengths
         self.batch_prefix[0].fill_(self.scratch_row)
         self.prefix_host = torch.zeros(2, 2, self.buckets[-1], dtype=torch.long, pin_memory=pin)
@@ -342,25 +347,30 @@ class Runner:
         length = tokens.shape[1]
         self._check_room(0, length)
         with self._prefill_lock, self._on_prefill_stream():
-            self.slot_prefix[slot] = None
+            self._hold_prefix(slot, None)
             if self.chunked_prefill:
                 self._prefill_chunks([(slot, 0, tokens)])
             else:
                 self.model.prefill(tokens.to(self.device, non_blocking=True), slot, 0, self.kv)
             prefix = PrefixKV(self.kv.k[:, slot, :length].clone(), self.kv.v[:, slot, :length].clone(), length)
             self._sync_prefill()
-            self.slot_prefix[slot] = (prefix.ident, length)
+            self._hold_prefix(slot, (prefix.ident, length))
         return prefix
 
     @torch.inference_mode()
     def load_prefix(self, slot: int, prefix: PrefixKV) -> None:
         """Copy a cached voice prefix into `slot` (a device copy instead of a prefill)."""
         with self._prefill_lock, self._on_prefill_stream():
-            self.slot_prefix[slot] = None
+            self._hold_prefix(slot, None)
             self.kv.k[:, slot, : prefix.length].copy_(prefix.k, non_blocking=True)
             self.kv.v[:, slot, : prefix.length].copy_(prefix.v, non_blocking=True)
             self._sync_prefill()
-            self.slot_prefix[slot] = (prefix.ident, prefix.length)
+            self._hold_prefix(slot, (prefix.ident, prefix.length))
+
+    def _hold_prefix(self, slot: int, held: tuple[int, int] | None) -> None:
+        """Record the prefix `slot`'s first positions hold (None: none to share)."""
+        self.slot_prefix[slot] = held
+        self._prefix_version += 1
 
     def prefill_segment(self, slot: int, start: int, tokens: Tensor, params: SamplingParams) -> np.ndarray:
         """Prefill a segment's tokens ([1 + C, T]) at `start` and sample its first frame.
@@ -379,7 +389,7 @@ class Runner:
             self._check_room(start, tokens.shape[1])
             held = self.slot_prefix[slot]
             if held is not None and start < held[1]:  # overwrites the voice prompt: no longer shared
-                self.slot_prefix[slot] = None
+                self._hold_prefix(slot, None)
         if self.chunked_prefill:
             return self._chunked_segments(items)
         return self._eager_segments(items)
@@ -607,17 +617,16 @@ class Runner:
             if self.cuda:
                 started = torch.cuda.Event(enable_timing=True)
                 started.record(self.decode_stream)
-            # a slot that left and came back with another voice keeps its number: the
-            # prefixes are part of what the staged lists depend on
-            members = [(s, self.slot_prefix[s]) for s in slots] if self.shared_prefix else list(slots)
-            if members != self._last_slots:
+            version = self._prefix_version  # read first: a change after it stages again next step
+            if slots != self._last_slots or (self.shared_prefix and version != self._staged_version):
                 staging = self.slots_host[self._parity]
                 staging[:n] = torch.tensor(slots, dtype=torch.long)
                 staging[n:bucket] = self.scratch_row
                 self.batch_slots[:bucket].copy_(staging[:bucket], non_blocking=True)
                 if self.shared_prefix:
-                    self._stage_prefixes(members, bucket)
-                self._last_slots = members
+                    self._stage_prefixes(slots, bucket)
+                    self._staged_version = version
+                self._last_slots = list(slots)
             if self.cuda_graphs:
                 self.graphs[bucket].replay()
             else:
@@ -631,16 +640,17 @@ class Runner:
                 event.record(self.decode_stream)
         return StepHandle(parity, n, event, started)
 
-    def _stage_prefixes(self, members: list[tuple[int, tuple[int, int] | None]], bucket: int) -> None:
+    def _stage_prefixes(self, slots: list[int], bucket: int) -> None:
         """Each stream's prefix row: the first stream of this batch holding the same
         prefix (itself for the first, and for a stream with none, length 0)."""
         first: dict[int, int] = {}
         rows, lengths = [], []
-        for slot, held in members:
+        for slot in slots:
+            held = self.slot_prefix[slot]
             rows.append(slot if held is None else first.setdefault(held[0], slot))
             lengths.append(0 if held is None else held[1])
         staging = self.prefix_host[self._parity]
-        n = len(members)
+        n = len(slots)
         staging[0, :n] = torch.tensor(rows, dtype=torch.long)
         staging[1, :n] = torch.tensor(lengths, dtype=torch.long)
         staging[0, n:bucket] = self.scratch_row

@@ -94,6 +94,24 @@ def launch_choice(rows: int, kv_heads: int, fp8: bool) -> Launch:
 
 
 @triton.jit
+def online_softmax_step(m, l, acc, scores, v, DOT_FP32: tl.constexpr):
+    """One key block of an online softmax (flash attention): the block's scores [R, N]
+    (-inf where a row must not see a key) and values [N, D] fold into each row's running
+    max m [R], sum l [R] and output acc [R, D]; returns the new (m, l, acc). A fully
+    masked block leaves a row's m, l and acc exactly as they were (and gives no NaN)."""
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(scores - m_safe[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    if DOT_FP32:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _decode_attention_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slots_ptr, lengths_ptr, prefix_rows_ptr, prefix_lens_ptr, part_ptr, lse_ptr,
     stride_qb, stride_qh,
@@ -173,17 +191,7 @@ def _decode_attention_split_kernel(
             if KV_FP8:
                 scores = scores * k_scale[None, :]
             scores = tl.where(valid[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked block: no NaN
-            alpha = tl.exp(m - m_safe)
-            p = tl.exp(scores - m_safe[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            if DOT_FP32:
-                pv = tl.dot(p, v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            m, l, acc = online_softmax_step(m, l, acc, scores, v, DOT_FP32)
 
     empty = l == 0.0  # split past this stream's length
     out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l)[:, None])

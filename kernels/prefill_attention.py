@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.decode_attention import online_softmax_step
 from kernels.pdl import launch_args, pdl_wait
 
 BLOCK_Q = 16  # new positions per program (x the head group: the tl.dot's rows)
@@ -96,17 +97,7 @@ def _prefill_attention_kernel(
         scores = scores * scale
         seen = (offs_n[None, :] <= position[:, None]) & in_row[None, :] & real[:, None]
         scores = tl.where(seen, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked row: no NaN
-        alpha = tl.exp(m - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        if DOT_FP32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, l, acc = online_softmax_step(m, l, acc, scores, v, DOT_FP32)
 
     out = tl.where((l > 0.0)[:, None], acc / tl.where(l > 0.0, l, 1.0)[:, None], 0.0)
     tl.store(out_ptr + b * stride_ob + j[:, None] * stride_os + head[:, None] * stride_oh + offs_d[None, :],

@@ -46,6 +46,14 @@ def make_cache(batch: int, context: int, kv_heads: int, head_dim: int, fp8: bool
     return (pack_kv(k), pack_kv(v)) if fp8 else (k, v)
 
 
+def layer_copies(one: tuple, batch: int, smoke: bool) -> tuple[int, list[tuple]]:
+    """The bytes one call must read, and copies of the (k, v) caches enough to overflow L2
+    (each timed call reads another, as each layer of a step does)."""
+    nbytes = sum(c[:batch].numel() * c.element_size() for c in one)
+    copies = 2 if smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
+    return nbytes, [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m latency_bench.attention_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,9 +90,7 @@ def main(argv=None) -> int:
     rows, t0 = [], time.perf_counter()
     for fp8 in (False, True):
         one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
-        nbytes = sum(c[:batch].numel() * c.element_size() for c in one)  # what one call must read
-        copies = 2 if a.smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
-        caches = [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
+        nbytes, caches = layer_copies(one, batch, a.smoke)
         ref = decode_attention_reference(q.float(), *(c for c in one), slots, lengths) if a.smoke else None
         for split, block, w, st in itertools.product(splits, blocks, warps, stages):
             if split % block:
@@ -126,9 +132,7 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
         one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
         for cache in one:  # every stream holds the same prefix, as one voice's streams do
             cache[1:batch, :n] = cache[0, :n]
-        nbytes = sum(c[:batch].numel() * c.element_size() for c in one)
-        copies = 2 if a.smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
-        caches = [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
+        nbytes, caches = layer_copies(one, batch, a.smoke)
         own = decode_attention(q, *one, slots, lengths, max_length=context)
         shared = decode_attention(q, *one, slots, lengths, max_length=context, prefix_rows=prefix_rows,
                                   prefix_lens=prefix_lens)
