@@ -122,7 +122,7 @@ def _decode_attention_split_kernel(
     scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr,
-    SHARED_PREFIX: tl.constexpr = False, PDL: tl.constexpr = False,
+    SHARED_PREFIX: tl.constexpr = False, CASCADE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches, ks_ptr / vs_ptr their fp32
@@ -147,6 +147,8 @@ def _decode_attention_split_kernel(
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     start = split * SPLIT_SIZE
+    if CASCADE:  # the prefix's positions are kernels/cascade_attention.py's: splits start where they end
+        start += tl.minimum(tl.load(prefix_lens_ptr + b), length)
     end = tl.minimum(start + SPLIT_SIZE, length)
     k_row = k_ptr + slot * stride_kr + kv_head * stride_kk
     v_row = v_ptr + slot * stride_vr + kv_head * stride_vk
@@ -203,12 +205,12 @@ def _decode_attention_split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_ptr, lse_ptr, out_ptr,
+    part_ptr, lse_ptr, out_ptr, prefix_lens_ptr,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
     SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr = False,
+    OWN_SPLITS: tl.constexpr = 0, PREFIX_SPLIT: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     b = tl.program_id(0)
@@ -216,6 +218,10 @@ def _combine_kernel(
     offs_s = tl.arange(0, SPLITS_P2)
     offs_d = tl.arange(0, HEAD_DIM)
     in_range = offs_s < SPLITS
+    if PREFIX_SPLIT:  # cascade (kernels/cascade_attention.py): splits from OWN_SPLITS on are the
+        # prefix's, PREFIX_SPLIT positions each, written only below this stream's prefix length
+        prefix_len = tl.load(prefix_lens_ptr + b)
+        in_range = in_range & ((offs_s < OWN_SPLITS) | ((offs_s - OWN_SPLITS) * PREFIX_SPLIT < prefix_len))
     lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=in_range, other=float("-inf"))
     top = tl.max(lse, axis=0)
     w = tl.where(in_range, tl.exp(lse - top), 0.0)  # [S]
@@ -228,7 +234,7 @@ def _combine_kernel(
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_length: int | None = None,
     block: int | None = None, num_warps: int | None = None, num_stages: int | None = None, split: int | None = None,
-    prefix_rows: Tensor | None = None, prefix_lens: Tensor | None = None,
+    prefix_rows: Tensor | None = None, prefix_lens: Tensor | None = None, cascade: bool = False,
 ) -> Tensor:
     """Attention of one new position per stream; see the module docstring for shapes.
 
@@ -240,14 +246,39 @@ def decode_attention(
     latency_bench.attention_bench; left None, `launch_choice` picks them (the measured
     choice for the batch and cache kind). `prefix_rows` and `prefix_lens` (both or
     neither) point each stream's first positions at a row holding the same prefix
-    (module docstring)."""
+    (module docstring); with `cascade` too, each voice's prefix is attended once for all
+    the streams of the batch that share it (kernels/cascade_attention.py)."""
+    if cascade:
+        from kernels.cascade_attention import cascade_attention
+
+        if prefix_rows is None or prefix_lens is None:
+            raise ValueError("cascade needs prefix_rows and prefix_lens")
+        return cascade_attention(q, k_cache, v_cache, slots, lengths, prefix_rows, prefix_lens, max_length,
+                                 split=split, block=block, num_warps=num_warps, num_stages=num_stages)
+    caches = checked_args(q, k_cache, v_cache, slots, lengths, prefix_rows, prefix_lens)
+    choice = own_launch(q.shape[0], k_cache.shape[2], caches[0], split, block, num_warps, num_stages)
     b, h, d = q.shape
-    rows, cache_len, kv_heads, _ = k_cache.shape
-    fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
+    splits = triton.cdiv(max_length or k_cache.shape[1], choice.split)
+    part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
+    split_pass(q, k_cache, v_cache, caches, slots, lengths, prefix_rows, prefix_lens, part, lse, choice)
+    return combine(part, lse, q.dtype)
+
+
+def checked_args(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
+    prefix_rows: Tensor | None, prefix_lens: Tensor | None,
+) -> tuple[bool, Tensor, Tensor, Tensor, Tensor]:
+    """Raise on arguments the kernels cannot take; -> kv_fp8.kernel_args's (FP8 cache,
+    k, v, k scales, v scales), the caches as the kernels read them."""
+    b, h, d = q.shape
+    caches = kernel_args(k_cache, v_cache)
+    fp8 = caches[0]
     if not fp8 and (k_cache.dtype != q.dtype or v_cache.dtype != q.dtype):
         raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype} / {v_cache.dtype}) must share a dtype")
     if k_cache.shape != v_cache.shape or head_dim_of(k_cache) != d:
         raise ValueError(f"k/v caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
+    kv_heads = k_cache.shape[2]
     if h % kv_heads:
         raise ValueError(f"{h} query heads are not a multiple of {kv_heads} KV heads")
     group = h // kv_heads
@@ -260,17 +291,33 @@ def decode_attention(
         raise ValueError("prefix_rows and prefix_lens must both be int64 [batch]")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the head dim must be contiguous in q and in the caches")
+    return caches
+
+
+def own_launch(batch: int, kv_heads: int, fp8: bool, split: int | None = None, block: int | None = None,
+               num_warps: int | None = None, num_stages: int | None = None) -> Launch:
+    """The split kernel's launch: the choices given, or `launch_choice`'s if none is."""
     if split is None and block is None and num_warps is None and num_stages is None:
-        choice = launch_choice(b, kv_heads, fp8)
-        split, block, num_warps, num_stages = choice.split, choice.block, choice.num_warps, choice.num_stages
+        return launch_choice(batch, kv_heads, fp8)
     split, block = split or SPLIT, block or BLOCK_N
     if block < 16 or block & (block - 1) or split % block:
         raise ValueError(f"block {block} must be a power of two >= 16 dividing the split ({split})")
-    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
-    splits = triton.cdiv(max_length or cache_len, split)
-    part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
-    lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
-    _decode_attention_split_kernel[(b, kv_heads, splits)](
+    return Launch(split, block, num_warps, num_stages)
+
+
+def split_pass(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, caches: tuple, slots: Tensor, lengths: Tensor,
+    prefix_rows: Tensor | None, prefix_lens: Tensor | None, part: Tensor, lse: Tensor, choice: Launch,
+    cascade: bool = False,
+) -> None:
+    """Pass 1 into part [B, H, splits, D] / lse [B, H, splits]; `cascade`: each stream's
+    positions from min(prefix_lens, lengths) on only (kernels/cascade_attention.py)."""
+    b, h, d = q.shape
+    kv_heads = k_cache.shape[2]
+    fp8, k_arg, v_arg, k_scales, v_scales = caches
+    shared = prefix_rows is not None
+    launch = {k: v for k, v in (("num_warps", choice.num_warps), ("num_stages", choice.num_stages)) if v is not None}
+    _decode_attention_split_kernel[(b, kv_heads, part.shape[2])](
         q, k_arg, v_arg, k_scales, v_scales, slots, lengths,
         prefix_rows if shared else slots, prefix_lens if shared else lengths, part, lse,
         q.stride(0), q.stride(1),
@@ -279,17 +326,28 @@ def decode_attention(
         part.stride(0), part.stride(1), part.stride(2),
         lse.stride(0), lse.stride(1),
         d ** -0.5,
-        GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=d, SPLIT_SIZE=split, BLOCK=block,
+        GROUP=h // kv_heads, GROUP_PAD=max(16, h // kv_heads), HEAD_DIM=d, SPLIT_SIZE=choice.split,
+        BLOCK=choice.block,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8, SHARED_PREFIX=shared, **launch, **launch_args(),
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8,
+        SHARED_PREFIX=shared and not cascade, CASCADE=cascade, **launch, **launch_args(),
     )
-    out = torch.empty(b, h, d, device=q.device, dtype=q.dtype)
+
+
+def combine(part: Tensor, lse: Tensor, dtype: torch.dtype, prefix_lens: Tensor | None = None, own_splits: int = 0,
+            prefix_split: int = 0) -> Tensor:
+    """Pass 2: merge the splits of part / lse into out [B, H, D]. With `prefix_split`,
+    split s >= own_splits is read only where (s - own_splits) * prefix_split is below
+    the stream's prefix length (the cascade's prefix splits; the rest are not written)."""
+    b, h, splits, d = part.shape
+    out = torch.empty(b, h, d, device=part.device, dtype=dtype)
     _combine_kernel[(b, h)](
-        part, lse, out,
+        part, lse, out, prefix_lens,
         part.stride(0), part.stride(1), part.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=d, **launch_args(),
+        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=d, OWN_SPLITS=own_splits,
+        PREFIX_SPLIT=prefix_split, **launch_args(),
     )
     return out
 
