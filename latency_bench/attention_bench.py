@@ -19,6 +19,13 @@ load benchmark's voice prompt), the same call's ratio:
 
     python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340
 
+With `--cascade` too it also times the cascade (kernels/cascade_attention.py: each
+voice's prefix attended once per block of its streams, their query rows in one dot), in
+the same run, and prints each kind's ratio to own rows; `--voices V` splits the batch
+into V voices (stream i speaks voice i mod V):
+
+    python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340 --cascade --voices 2
+
 Each call reads a different layer's cache (enough copies to overflow L2), inside a CUDA graph.
 """
 
@@ -66,6 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                    help="time own rows against N shared prefix positions instead of the sweep")
+    p.add_argument("--cascade", action="store_true", help="with --shared-prefix: time the cascade kernel too")
+    p.add_argument("--voices", type=int, default=1, help="with --shared-prefix: voices the batch speaks")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/attention_bench")
     a = p.parse_args(argv)
@@ -121,36 +130,47 @@ def main(argv=None) -> int:
 
 
 def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> int:
-    """The default launch of each cache kind, own rows against a prefix shared through row 0."""
+    """The default launch of each cache kind, own rows against a prefix shared through the
+    first stream of each voice (and, with --cascade, against the cascade kernel)."""
     from kernels.decode_attention import decode_attention
 
     batch, context = q.shape[0], int(lengths[0])
-    n = min(a.shared_prefix, context)
-    prefix_rows, prefix_lens = torch.zeros_like(slots), torch.full_like(lengths, n)
+    n, voices = min(a.shared_prefix, context), max(1, min(a.voices, batch))
+    prefix_rows, prefix_lens = slots % voices, torch.full_like(lengths, n)  # stream i: voice i mod V, led by stream i mod V
+    kinds = {"own": {}, "shared": {"prefix_rows": prefix_rows, "prefix_lens": prefix_lens}}
+    if a.cascade:
+        kinds["cascade"] = {**kinds["shared"], "cascade": True}
     rows, t0 = [], time.perf_counter()
     for fp8 in (False, True):
         one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
-        for cache in one:  # every stream holds the same prefix, as one voice's streams do
-            cache[1:batch, :n] = cache[0, :n]
+        for cache in one:  # each stream holds its voice's prefix, as one voice's streams do
+            cache[:batch, :n] = cache[prefix_rows, :n]
         nbytes, caches = layer_copies(one, batch, a.smoke)
-        own = decode_attention(q, *one, slots, lengths, max_length=context)
-        shared = decode_attention(q, *one, slots, lengths, max_length=context, prefix_rows=prefix_rows,
-                                  prefix_lens=prefix_lens)
-        assert torch.equal(own, shared), "shared prefix reads changed the output"
-        times = {}
-        for name, extra in (("own", {}), ("shared", {"prefix_rows": prefix_rows, "prefix_lens": prefix_lens})):
-            times[name] = timer.us_per_call([lambda c=c, extra=extra: decode_attention(
-                q, *c, slots, lengths, max_length=context, **extra) for c in caches])
-        unique = nbytes * (1 - n / context * (batch - 1) / batch)  # bytes left to read once the prefix is read once
-        rows.append({"fp8": fp8, "own_us": times["own"], "shared_us": times["shared"],
-                     "speedup": times["own"] / times["shared"], "bytes": nbytes, "bytes_without_copies": unique})
-        print(f"{'fp8 ' if fp8 else 'bf16'} batch {batch} context {context} prefix {n}: own rows {times['own']:.1f} us, "
-              f"shared prefix {times['shared']:.1f} us: {rows[-1]['speedup']:.2f}x (bytes alone would allow "
-              f"{nbytes / unique:.2f}x)", flush=True)
+        outs = {name: decode_attention(q, *one, slots, lengths, max_length=context, **extra)
+                for name, extra in kinds.items()}
+        assert torch.equal(outs["own"], outs["shared"]), "shared prefix reads changed the output"
+        if a.cascade:  # other split boundaries: the same attention within bf16 rounding
+            err = ((outs["cascade"].float() - outs["own"].float()).norm() / outs["own"].float().norm()).item()
+            assert err < 2e-2, f"the cascade's output is off by {err:.3g}"
+        times = {name: timer.us_per_call([lambda c=c, extra=extra: decode_attention(
+            q, *c, slots, lengths, max_length=context, **extra) for c in caches]) for name, extra in kinds.items()}
+        unique = nbytes * (1 - n / context * (batch - voices) / batch)  # bytes left once each prefix is read once
+        row = {"fp8": fp8, "voices": voices, "bytes": nbytes, "bytes_without_copies": unique}
+        row |= {f"{name}_us": us for name, us in times.items()}
+        row |= {"speedup": times["own"] / times["shared"]}
+        if a.cascade:
+            row |= {"cascade_speedup": times["own"] / times["cascade"],
+                    "cascade_vs_shared": times["shared"] / times["cascade"]}
+        rows.append(row)
+        cascade = (f", cascade {times['cascade']:.1f} us: {row['cascade_speedup']:.2f}x "
+                   f"({row['cascade_vs_shared']:.2f}x shared)") if a.cascade else ""
+        print(f"{'fp8 ' if fp8 else 'bf16'} batch {batch} context {context} prefix {n} voices {voices}: own rows "
+              f"{times['own']:.1f} us, shared prefix {times['shared']:.1f} us: {row['speedup']:.2f}x{cascade} "
+              f"(bytes alone would allow {nbytes / unique:.2f}x)", flush=True)
         del caches, one
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
-               "batch": batch, "context": context, "shared_prefix": n, "smoke": a.smoke,
-               "seconds": time.perf_counter() - t0, "rows": rows}
+               "batch": batch, "context": context, "shared_prefix": n, "voices": voices, "cascade": a.cascade,
+               "smoke": a.smoke, "seconds": time.perf_counter() - t0, "rows": rows}
     write_json(Path(a.out) / "attention_shared_prefix.json", results)
     return 0
 

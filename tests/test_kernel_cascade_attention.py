@@ -164,6 +164,17 @@ def test_launcher_checks_its_arguments():
         cascade_attention(q, kc, vc, slots, lens, rows, plens, prefix=PrefixLaunch(streams=2, split=48, block=32))
 
 
+def test_cascade_benchmark_script_runs(tmp_path):
+    import json
+
+    from latency_bench.attention_bench import main
+
+    assert main(["--smoke", "--shared-prefix", "20", "--cascade", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "attention_shared_prefix.json").read_text())["rows"]
+    assert [r["fp8"] for r in rows] == [False, True]
+    assert all(r["own_us"] > 0 and r["shared_us"] > 0 and r["cascade_us"] > 0 for r in rows)
+
+
 # --- on a GPU, at the S2-Pro shape --------------------------------------------------------
 
 @pytest.mark.gpu
