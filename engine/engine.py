@@ -94,6 +94,11 @@ class EngineConfig:
     # PDL_BATCHES): each one's launch overlaps the work of the one before. False: one
     # after another (an A/B baseline). Off in the naive baseline.
     pdl: bool = True
+    # with pdl, every decode graph is captured with PDL instead of PDL_BATCHES' (batch 1):
+    # measured on an H100 with the TMA table (2026-12-06, engine step alone, context 800)
+    # 1.02x at batch 54 and 64, 1.00x at 16; on an H200 with the table before, 0.96x at 16
+    # (FP8): an A/B arm for the load, off until a load says it pays
+    pdl_all_batches: bool = False
     # decode attention reads the voice prompt's positions of streams with the same voice
     # from one of their rows in the step (engine/runner.py, shared voice prefixes): the
     # same output, fewer HBM bytes when many streams share a voice. Measured on an H100
@@ -261,7 +266,7 @@ class Engine:
         # the naive baseline runs eager: no CUDA graphs
         self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
                              kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None,
-                             pdl=False if c.naive or not c.pdl else None,
+                             pdl=False if c.naive or not c.pdl else None, pdl_all_batches=c.pdl_all_batches,
                              shared_prefix=c.shared_prefix_reads and not c.naive,
                              prefill_attention=c.prefill_attention)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)

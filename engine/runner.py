@@ -159,6 +159,7 @@ class Runner:
         kv_quant: str = "none",
         gemv: bool | None = None,
         pdl: bool | None = None,
+        pdl_all_batches: bool = False,
         shared_prefix: bool = False,
         prefill_attention: str = "per-query",
     ) -> None:
@@ -188,7 +189,9 @@ class Runner:
         self.max_running = max_running
         self.max_len = min(max_len, c.max_seq_len)
         self.buckets = batch_buckets(max_running)
-        self.pdl_buckets = [b for b in self.buckets if self.pdl and self.cuda_graphs and b in PDL_BATCHES]
+        # PDL_BATCHES' graphs with PDL, or every bucket's (pdl_all_batches: an A/B arm)
+        self.pdl_buckets = [b for b in self.buckets if self.pdl and self.cuda_graphs
+                            and (pdl_all_batches or b in PDL_BATCHES)]
         rows = max_running + 1
         dev = self.device
         # kv_quant "fp8": the slow KV as e4m3 codes + scales (kernels/kv_fp8.py)

@@ -24,6 +24,7 @@ def test_a_cpu_runner_leaves_it_off_and_refuses_to_force_it():
     bundle = load_bundle("tiny", "cpu", torch.float32)
     runner = Runner(bundle, 2, 256)
     assert runner.pdl is False and runner.pdl_buckets == [] and not pdl.enabled()
+    assert Runner(bundle, 2, 256, pdl_all_batches=True).pdl_buckets == []  # asks for PDL nowhere it is off
     with pytest.raises(RuntimeError, match="PDL asked for but not available: not a CUDA device"):
         Runner(bundle, 2, 256, pdl=True)
 
@@ -48,14 +49,16 @@ def test_gpu_a_chain_with_pdl_is_the_chain_without():
 @gpu_hopper
 def test_gpu_the_engine_gives_the_same_greedy_frames_with_and_without_pdl():
     """CUDA graphs, three streams together and one alone (the batch-1 graph is the one
-    captured with PDL: engine/runner.py PDL_BATCHES), 32 steps: every frame equal."""
+    captured with PDL: engine/runner.py PDL_BATCHES; with pdl_all_batches every graph
+    is), 32 steps: every frame equal in the three."""
     from test_gpu import GREEDY, TEXTS, s2_fixture
 
     bundle = s2_fixture(torch.bfloat16)
     runs = []
-    for on in (False, True):
-        runner = Runner(bundle, 8, 512, pdl=on)
-        assert runner.pdl is on and runner.cuda_graphs and runner.pdl_buckets == ([1] if on else [])
+    for on, everywhere in ((False, False), (True, False), (True, True)):
+        runner = Runner(bundle, 8, 512, pdl=on, pdl_all_batches=everywhere)
+        assert runner.pdl is on and runner.cuda_graphs
+        assert runner.pdl_buckets == (runner.buckets if everywhere else [1] if on else [])
         assert not pdl.enabled()  # on only while capturing
         frames = []
         for i, text in enumerate(TEXTS):
@@ -66,4 +69,11 @@ def test_gpu_the_engine_gives_the_same_greedy_frames_with_and_without_pdl():
             frames.append(np.asarray(runner.read(runner.launch([3], length))))
         runs.append(np.concatenate([f.reshape(-1) for f in frames]))
         del runner
-    assert np.array_equal(runs[0], runs[1])
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+
+
+def test_the_server_flag_sets_pdl_on_every_graph():
+    from realtime.config import parse_args
+
+    assert parse_args(["--pdl-all-batches"]).engine.pdl_all_batches
+    assert not parse_args([]).engine.pdl_all_batches
