@@ -15,21 +15,25 @@ shape), so each prefix key and value is read once per (query block, KV head).
 
 Three launches, no host sync and no data-dependent shape (CUDA-graph safe):
 1. `_prefix_attention_kernel`, grid (query blocks, KV heads, prefix splits): query block
-   j holds streams [j S, j S + S) in batch order. Streams with prefix_lens > 0 that name
-   the same prefix row form a group; the program makes one pass per group present in its
-   block (the first stream of the group in the block leads it, 1-2 passes in practice),
-   over its split of the prefix row's positions, each row masked to its own stream's
-   min(prefix length, length). It writes each member's partial output and log-sum-exp
-   into splits [own_splits, own_splits + prefix_splits) of the partial buffer.
+   j holds streams [j S, j S + S) in batch order. Streams whose prefix reaches the
+   program's split and that name the same prefix row form a group; the program makes one
+   pass per group present in its block (the first stream of the group in the block leads
+   it: 1-2 passes in practice) over its split of that row's positions, each query row
+   masked to its own stream's min(prefix length, length). The rows keep one online
+   softmax across the passes (a pass masks every row of other groups, which leaves
+   their sums exactly as they were), and the program writes each stream's partial
+   output and log-sum-exp once, into split own_splits + s of the partial buffer.
+   (A program per pass, or a pass loop that kept its own state and stores, held more
+   registers: the sm90 compile spilled.)
 2. decode_attention.py's split kernel with CASCADE: stream b's positions
    [min(prefix_lens[b], lengths[b]), lengths[b]) of its own row only, in splits that start
    there.
 3. decode_attention.py's combine, which reads prefix split s of stream b only where
-   s * prefix split < prefix_lens[b]: exactly the splits pass 1 wrote for b (a group's
-   pass writes every member's row at every split below the group's longest prefix). The
-   rest of the buffer (streams without a prefix, splits past a prefix) is never written
-   and never read, so nothing of an earlier call can leak in, and splits past every
-   prefix cost one empty program each, like the decode kernel's splits past a length.
+   s * prefix split < prefix_lens[b]: exactly the splits pass 1 wrote for b. The rest of
+   the buffer (streams without a prefix, splits past a prefix) is never written and
+   never read, so nothing of an earlier call can leak in. Splits past every prefix (the
+   count is fixed by max_length) cost one program each that reads three small vectors
+   and returns, like the decode kernel's splits past a length.
 
 Groups come from prefix_rows alone (the runner points a voice's streams at the first
 one of them in the batch: engine/runner.py `_stage_prefixes`), so the leader need not be
@@ -74,11 +78,14 @@ class PrefixLaunch:
 
 
 # 64 query rows (16 S2-Pro streams x 4 heads); 128-position splits: a 340-position voice
-# prompt spreads over 3 splits x 8 KV heads x (group members / 16) programs. Not yet
-# timed on a GPU (the sm90 compile: see kernels/sm90.py --attention).
+# prompt spreads over 3 splits x 8 KV heads x (its streams / 16) programs. Compiled for
+# sm90 on a CPU (kernels/sm90.py --attention, triton 3.6, S2-Pro heads): 4 warps and
+# 32-position blocks keep every register (bf16 cache 219 a thread, FP8 255, no spill:
+# two programs fit an SM); 64-position blocks spilled the FP8 variant, 8 warps take 181 /
+# 240 but one program an SM. Not yet timed on a GPU.
 PREFIX_ROWS = 64
 PREFIX_SPLIT = 128
-PREFIX_BLOCK = 64
+PREFIX_BLOCK = 32
 
 
 def prefix_launch(group: int) -> PrefixLaunch:
@@ -107,42 +114,45 @@ def _prefix_attention_kernel(
     split = tl.program_id(2)
     start = split * SPLIT_SIZE
 
-    # the block's streams: a stream leads a pass if no earlier stream of the block reads
-    # the same prefix row (then the pass covers every stream of the block that does)
-    offs_s = tl.arange(0, STREAMS)
-    in_batch = q_block * STREAMS + offs_s < batch
-    rows_s = tl.load(prefix_rows_ptr + q_block * STREAMS + offs_s, mask=in_batch, other=-1)
-    has_s = tl.load(prefix_lens_ptr + q_block * STREAMS + offs_s, mask=in_batch, other=0) > 0
-    earlier = (rows_s[:, None] == rows_s[None, :]) & has_s[None, :] & (offs_s[None, :] < offs_s[:, None])
-    leads_s = has_s & (tl.sum(earlier.to(tl.int32), axis=1) == 0)  # [STREAMS]
-
     # the dot's rows: (stream, query head) pairs, the GROUP heads of this KV head per stream
+    # (rows, lengths and positions fit int32: half the registers of the int64 they are stored in)
     offs_r = tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_DIM)
     stream = q_block * STREAMS + offs_r // GROUP
     heads = kv_head * GROUP + offs_r % GROUP
     live = (offs_r < STREAMS * GROUP) & (stream < batch)
-    row_r = tl.load(prefix_rows_ptr + stream, mask=live, other=-1)
-    plen_r = tl.load(prefix_lens_ptr + stream, mask=live, other=0)
-    cut_r = tl.minimum(plen_r, tl.load(lengths_ptr + stream, mask=live, other=0))  # prefix positions a row sees
+    row_r = tl.load(prefix_rows_ptr + stream, mask=live, other=-1).to(tl.int32)
+    plen_r = tl.load(prefix_lens_ptr + stream, mask=live, other=0).to(tl.int32)
+    cut_r = tl.minimum(plen_r, tl.load(lengths_ptr + stream, mask=live, other=0).to(tl.int32))  # prefix positions a row sees
+    # the rows whose split this is: the combine reads split s of a stream iff s * SPLIT_SIZE < its prefix length
+    mine = live & (start < plen_r)
 
-    for j in range(STREAMS):  # one pass per prefix row of the block (a fixed trip count: graph safe)
-        if tl.sum(tl.where((offs_s == j) & leads_s, 1, 0)) > 0:
-            prefix_row = tl.sum(tl.where(offs_s == j, rows_s, 0))
-            member = live & (plen_r > 0) & (row_r == prefix_row)  # [ROWS]
-            # the combine reads this split of each member whose prefix reaches it: write them all
-            if start < tl.max(tl.where(member, plen_r, 0)):
-                limit = tl.where(member, cut_r, 0)
+    if tl.max(mine.to(tl.int32)) > 0:
+        # the block's streams: a stream leads a pass if no earlier stream of the block reads
+        # the same prefix row (the pass then takes every row of the block that does)
+        offs_s = tl.arange(0, STREAMS)
+        in_batch = q_block * STREAMS + offs_s < batch
+        rows_s = tl.load(prefix_rows_ptr + q_block * STREAMS + offs_s, mask=in_batch, other=-1).to(tl.int32)
+        has_s = tl.load(prefix_lens_ptr + q_block * STREAMS + offs_s, mask=in_batch, other=0) > start
+        earlier = (rows_s[:, None] == rows_s[None, :]) & has_s[None, :] & (offs_s[None, :] < offs_s[:, None])
+        leads_s = has_s & (tl.sum(earlier.to(tl.int32), axis=1) == 0)  # [STREAMS]
+
+        q = tl.load(q_ptr + stream[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=mine[:, None], other=0.0)
+        if DOT_FP32:
+            q = q.to(tl.float32)
+        elif KV_FP8:  # fp16 tensor cores: e4m3 -> fp16 is one instruction per pair
+            q = q.to(tl.float16)
+        # one online softmax per row across the passes: a pass masks every row outside its
+        # group, which leaves that row's m, l and acc exactly as they were
+        m = tl.full([ROWS], float("-inf"), tl.float32)
+        l = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+        for j in range(STREAMS):  # one pass per prefix row of the block (a fixed trip count: graph safe)
+            if tl.sum(tl.where((offs_s == j) & leads_s, 1, 0)) > 0:
+                prefix_row = tl.sum(tl.where(offs_s == j, rows_s, 0))
+                limit = tl.where(mine & (row_r == prefix_row), cut_r, 0)  # [ROWS]: positions each row sees
                 end = tl.minimum(start + SPLIT_SIZE, tl.max(limit))
-                q = tl.load(q_ptr + stream[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                            mask=member[:, None], other=0.0)
-                if DOT_FP32:
-                    q = q.to(tl.float32)
-                elif KV_FP8:  # fp16 tensor cores: e4m3 -> fp16 is one instruction per pair
-                    q = q.to(tl.float16)
-                m = tl.full([ROWS], float("-inf"), tl.float32)
-                l = tl.zeros([ROWS], tl.float32)
-                acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
                 k_row = k_ptr + prefix_row * stride_kr + kv_head * stride_kk
                 v_row = v_ptr + prefix_row * stride_vr + kv_head * stride_vk
                 if KV_FP8:
@@ -169,15 +179,14 @@ def _prefix_attention_kernel(
                     scores = scores * scale
                     if KV_FP8:
                         scores = scores * k_scale[None, :]
-                    # each row sees its own stream's prefix positions only
                     scores = tl.where(offs_n[None, :] < limit[:, None], scores, float("-inf"))
                     m, l, acc = online_softmax_step(m, l, acc, scores, v, DOT_FP32)
-                empty = l == 0.0  # a member whose length ends before this split
-                out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l)[:, None])
-                lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
-                tl.store(part_ptr + stream[:, None] * stride_pb + heads[:, None] * stride_ph + split * stride_ps
-                         + offs_d[None, :], out, mask=member[:, None])
-                tl.store(lse_ptr + stream * stride_lb + heads * stride_lh + split, lse, mask=member)
+        empty = l == 0.0  # a stream whose length ends before this split
+        out = tl.where(empty[:, None], 0.0, acc / tl.where(empty, 1.0, l)[:, None])
+        lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
+        tl.store(part_ptr + stream[:, None] * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+                 + offs_d[None, :], out, mask=mine[:, None])
+        tl.store(lse_ptr + stream * stride_lb + heads * stride_lh + split, lse, mask=mine)
 
 
 def cascade_attention(

@@ -28,7 +28,7 @@ variant below compiles with it as with 3.9):
 
     python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions, registers (JSON)
     python -m kernels.sm90 --mlp    # the one-launch MLP (kernels/fp8_mlp.py) at M = 1, 16, 54, 64
-    python -m kernels.sm90 --attention  # decode attention (shared prefix rows or not) and blocked prefill attention
+    python -m kernels.sm90 --attention  # decode attention (shared prefix rows or not, cascade), blocked prefill attention
 
 Not under the Triton interpreter (TRITON_INTERPRET=1 replaces every @triton.jit function
 by its interpreted form, which has nothing to compile): the CLI turns it off for itself,
@@ -212,7 +212,8 @@ def mlp_one_launch(m: int) -> Compiled:
 def attention_kernels() -> dict[str, Compiled]:
     """The attention kernels at the S2-Pro heads (32 query heads, 8 KV heads of 128, bf16
     cache) as the engine launches them: decode attention at its large-batch launch with
-    and without shared prefix rows, and the blocked prefill attention."""
+    and without shared prefix rows and as the cascade's own part, the cascade's prefix
+    kernel (bf16 and FP8 caches) at its default launch, and the blocked prefill attention."""
     from kernels.decode_attention import LARGE_BF16, _decode_attention_split_kernel
     from kernels.prefill_attention import BLOCK_N, BLOCK_Q, NUM_WARPS, _prefill_attention_kernel
 
@@ -223,11 +224,13 @@ def attention_kernels() -> dict[str, Compiled]:
     decode |= {n: "i32" for n in strides + ["stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh"]}
     aligned = {n for n in decode if n.endswith("_ptr")} | {"stride_kr", "stride_kl", "stride_vr", "stride_vl"}
     out = {}
-    for shared in (False, True):
+    for name, shared, cascade in (("decode", False, False), ("decode_shared_prefix", True, False),
+                                  ("decode_cascade_own", False, True)):
         consts = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "SPLIT_SIZE": LARGE_BF16.split, "BLOCK": LARGE_BF16.block,
-                  "DOT_FP32": False, "KV_FP8": False, "SHARED_PREFIX": shared, "PDL": False}
-        out[f"decode{'_shared_prefix' if shared else ''}"] = compile_sm90(
+                  "DOT_FP32": False, "KV_FP8": False, "SHARED_PREFIX": shared, "CASCADE": cascade, "PDL": False}
+        out[name] = compile_sm90(
             _decode_attention_split_kernel, decode, consts, LARGE_BF16.num_warps, LARGE_BF16.num_stages, aligned)
+    out |= cascade_prefix_kernels()
     prefill = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     prefill |= {n: "*i64" for n in ("slots_ptr", "starts_ptr", "lengths_ptr")} | {"scale": "fp32", "seq_len": "i32"}
     prefill |= {n: "i32" for n in strides + ["stride_qs", "stride_ob", "stride_os", "stride_oh"]}
@@ -235,6 +238,29 @@ def attention_kernels() -> dict[str, Compiled]:
                                                              "stride_vr", "stride_vl", "stride_ob", "stride_os"}
     consts = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_Q": BLOCK_Q, "BLOCK_N": BLOCK_N, "DOT_FP32": False, "PDL": False}
     out["prefill_blocked"] = compile_sm90(_prefill_attention_kernel, prefill, consts, NUM_WARPS, 2, aligned)
+    return out
+
+
+def cascade_prefix_kernels() -> dict[str, Compiled]:
+    """kernels/cascade_attention.py's prefix kernel at its default launch (`prefix_launch`)
+    and the S2-Pro heads, bf16 and FP8 caches."""
+    from kernels.cascade_attention import _prefix_attention_kernel, prefix_launch
+
+    strides = ["stride_qb", "stride_qh", "stride_kr", "stride_kl", "stride_kk", "stride_vr", "stride_vl", "stride_vk",
+               "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh"]
+    launch = prefix_launch(4)
+    out = {}
+    for fp8 in (False, True):
+        types = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv" if fp8 else "*bf16", "v_ptr": "*fp8e4nv" if fp8 else "*bf16",
+                 "ks_ptr": "*fp32", "vs_ptr": "*fp32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32",
+                 "batch": "i32"}
+        types |= {n: "*i64" for n in ("lengths_ptr", "prefix_rows_ptr", "prefix_lens_ptr")}
+        types |= {n: "i32" for n in strides}
+        aligned = {n for n in types if n.endswith("_ptr")} | {"stride_kr", "stride_kl", "stride_vr", "stride_vl"}
+        consts = {"GROUP": 4, "STREAMS": launch.streams, "ROWS": launch.streams * 4, "HEAD_DIM": 128,
+                  "SPLIT_SIZE": launch.split, "BLOCK": launch.block, "DOT_FP32": False, "KV_FP8": fp8, "PDL": False}
+        out[f"cascade_prefix{'_fp8' if fp8 else ''}"] = compile_sm90(
+            _prefix_attention_kernel, types, consts, launch.num_warps, launch.num_stages, aligned)
     return out
 
 

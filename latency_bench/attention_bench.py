@@ -75,6 +75,9 @@ def main(argv=None) -> int:
                    help="time own rows against N shared prefix positions instead of the sweep")
     p.add_argument("--cascade", action="store_true", help="with --shared-prefix: time the cascade kernel too")
     p.add_argument("--voices", type=int, default=1, help="with --shared-prefix: voices the batch speaks")
+    p.add_argument("--max-length", type=int, default=0,
+                   help="with --shared-prefix: the split count's bound (default the context; the engine's is its "
+                        "--max-len, 4096: the splits past each length cost a program each)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/attention_bench")
     a = p.parse_args(argv)
@@ -136,6 +139,7 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
 
     batch, context = q.shape[0], int(lengths[0])
     n, voices = min(a.shared_prefix, context), max(1, min(a.voices, batch))
+    max_length = max(a.max_length, context)
     prefix_rows, prefix_lens = slots % voices, torch.full_like(lengths, n)  # stream i: voice i mod V, led by stream i mod V
     kinds = {"own": {}, "shared": {"prefix_rows": prefix_rows, "prefix_lens": prefix_lens}}
     if a.cascade:
@@ -146,14 +150,14 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
         for cache in one:  # each stream holds its voice's prefix, as one voice's streams do
             cache[:batch, :n] = cache[prefix_rows, :n]
         nbytes, caches = layer_copies(one, batch, a.smoke)
-        outs = {name: decode_attention(q, *one, slots, lengths, max_length=context, **extra)
+        outs = {name: decode_attention(q, *one, slots, lengths, max_length=max_length, **extra)
                 for name, extra in kinds.items()}
         assert torch.equal(outs["own"], outs["shared"]), "shared prefix reads changed the output"
         if a.cascade:  # other split boundaries: the same attention within bf16 rounding
             err = ((outs["cascade"].float() - outs["own"].float()).norm() / outs["own"].float().norm()).item()
             assert err < 2e-2, f"the cascade's output is off by {err:.3g}"
         times = {name: timer.us_per_call([lambda c=c, extra=extra: decode_attention(
-            q, *c, slots, lengths, max_length=context, **extra) for c in caches]) for name, extra in kinds.items()}
+            q, *c, slots, lengths, max_length=max_length, **extra) for c in caches]) for name, extra in kinds.items()}
         unique = nbytes * (1 - n / context * (batch - voices) / batch)  # bytes left once each prefix is read once
         row = {"fp8": fp8, "voices": voices, "bytes": nbytes, "bytes_without_copies": unique}
         row |= {f"{name}_us": us for name, us in times.items()}
@@ -169,7 +173,8 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
               f"(bytes alone would allow {nbytes / unique:.2f}x)", flush=True)
         del caches, one
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
-               "batch": batch, "context": context, "shared_prefix": n, "voices": voices, "cascade": a.cascade,
+               "batch": batch, "context": context, "max_length": max_length, "shared_prefix": n, "voices": voices,
+               "cascade": a.cascade,
                "smoke": a.smoke, "seconds": time.perf_counter() - t0, "rows": rows}
     write_json(Path(a.out) / "attention_shared_prefix.json", results)
     return 0
