@@ -107,6 +107,14 @@ class EngineConfig:
     # (latency_bench/reference/h100-s2pro/shared-prefix-first2/). Only where decode
     # attention is the Triton kernel (a GPU); off in the naive baseline.
     shared_prefix_reads: bool = True
+    # cascade decode attention over the same shared prefixes (kernels/cascade_attention.py):
+    # each voice prompt attended once for all the streams of a step that speak with it
+    # (their query rows stacked in one dot), the rest of each stream's context as now; the
+    # same attention up to rounding, not the same bits. Built 2026-12 without a GPU: off
+    # until measured (latency_bench.attention_bench --shared-prefix 340 --cascade, then a
+    # load with --prefix-cascade). Only where decode attention is the Triton kernel; off
+    # in the naive baseline.
+    prefix_cascade: bool = False
     # the chunked prefill's attention (a GPU): "per-query" (each new position one decode
     # query: it reads its stream's whole context alone) or "blocked" (16 new positions of
     # a stream per program, each key block read once for all of them;
@@ -268,6 +276,7 @@ class Engine:
                              kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None,
                              pdl=False if c.naive or not c.pdl else None, pdl_all_batches=c.pdl_all_batches,
                              shared_prefix=c.shared_prefix_reads and not c.naive,
+                             prefix_cascade=c.prefix_cascade and not c.naive,
                              prefill_attention=c.prefill_attention)
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,

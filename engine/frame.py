@@ -103,9 +103,11 @@ def decode_frame(
     attention_kernel: bool = False,
     fused_qkv: bool = False,
     prefix: tuple[Tensor, Tensor] | None = None,
+    cascade: bool = False,
 ) -> Tensor:
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
     the next frame [B, 1 + C]. `prefix`: where each stream's voice prompt is read from
-    (model.decode_slow)."""
-    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel, fused_qkv, prefix)
+    (model.decode_slow), and with `cascade`, attended once for the streams that share it."""
+    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel, fused_qkv, prefix,
+                                             cascade)
     return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index, fused_qkv)

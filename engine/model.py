@@ -142,15 +142,17 @@ class DualARModel(nn.Module):
 
     def decode_slow(
         self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False,
-        fused_qkv: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
+        fused_qkv: bool = False, prefix: tuple[Tensor, Tensor] | None = None, cascade: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """One position for each of B streams. tokens: [B, 1 + C]; slots, positions: [B].
         `kernel` picks the Triton decode-attention kernel over the PyTorch reference,
         `fused_qkv` the Triton kernel that norms, rotates and caches q/k/v in one launch;
         `prefix` (rows, lengths), with the kernel, where each stream reads its voice
-        prompt's positions from (attention.DecodeMeta)."""
+        prompt's positions from (attention.DecodeMeta); `cascade` with it: each prompt
+        attended once for the streams that share it (kernels/cascade_attention.py)."""
         rows, lens = prefix if prefix is not None and kernel else (None, None)
-        meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv, positions + 1 if kernel else None, rows, lens)
+        meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv, positions + 1 if kernel else None, rows, lens,
+                          cascade)
         h, normed = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
         return self._head(h[:, 0], normed[:, 0])
 

@@ -21,7 +21,10 @@ voice at one of them in the same batch for those positions (kernels/decode_atten
 so the step's attention reads each voice prompt's bytes from L2 instead of one copy per
 stream from HBM; the output is the same bit for bit. The row read from is always a
 stream of the same step: its prefix cannot be overwritten (only the prefill thread
-writes prefixes, into free slots) while the step is in flight.
+writes prefixes, into free slots) while the step is in flight. With `prefix_cascade`
+(which stages the same prefix rows) each voice's prompt is attended once for all the
+streams of the step that share it (kernels/cascade_attention.py): fewer reads and
+fuller tensor-core dots, the same attention up to rounding (not the same bits).
 
 On a GPU, one CUDA graph per batch-size bucket captures the whole step (gather, slow
 step, every fast codebook step, sampling, window update, scatter), so a step is one
@@ -162,6 +165,7 @@ class Runner:
         pdl_all_batches: bool = False,
         shared_prefix: bool = False,
         prefill_attention: str = "per-query",
+        prefix_cascade: bool = False,
     ) -> None:
         self.bundle = bundle
         self.model = bundle.model
@@ -219,7 +223,8 @@ class Runner:
         # again after any slot's prefix changed (a slot that left and came back with
         # another voice keeps its number; the version saves the decode loop comparing
         # every stream's prefix each step)
-        self.shared_prefix = shared_prefix and self.attention_kernel
+        self.shared_prefix = (shared_prefix or prefix_cascade) and self.attention_kernel
+        self.prefix_cascade = prefix_cascade and self.shared_prefix  # the cascade reads the same staged rows
         self.slot_prefix: list[tuple[int, int] | None] = [None] * rows
         self._prefix_version = 0
         self._staged_version = -1
@@ -684,6 +689,7 @@ class Runner:
         out = decode_frame(
             self.model, self.kv, fast, tokens, idx, positions, kv_len,
             self.params.gather(idx), windows, frame_index, self.attention_kernel, self.fused_qkv, prefix,
+            self.prefix_cascade,
         )
         self.tokens.index_copy_(0, idx, out)
         self.windows.index_copy_(0, idx, windows)

@@ -87,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                    help="decode attention reads every stream's voice prompt from its own KV row instead of one row "
                         "per voice in the step (the same audio either way; shared: fewer memory reads, measured "
                         "1.01x frames/s at c=64 on an H100): an A/B baseline")
+    p.add_argument("--prefix-cascade", action="store_true",
+                   help="decode attention attends each voice prompt once for all the streams of a step that speak "
+                        "with it (their queries in one dot; kernels/cascade_attention.py) instead of once per stream: "
+                        "the same audio up to rounding, fewer memory reads; not yet measured on a GPU (an A/B arm)")
     p.add_argument("--prefill-attention", choices=PREFILL_ATTENTION, default="per-query",
                    help="the segment prefill's attention on a GPU: per-query (each new position reads its context "
                         "alone) or blocked (16 new positions of a stream read each key block once; not yet measured "
@@ -159,7 +163,8 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
             codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv, pdl=a.pdl, pdl_all_batches=a.pdl_all_batches,
-            shared_prefix_reads=a.shared_prefix_reads, prefill_attention=a.prefill_attention,
+            shared_prefix_reads=a.shared_prefix_reads, prefix_cascade=a.prefix_cascade,
+            prefill_attention=a.prefill_attention,
             codec_release_interval_s=a.codec_release_interval,
             codec_kernels=a.codec_kernels, codec_cut_in=a.codec_cut_in,
             codec_bucket_step=a.codec_bucket_step, codec_silent=a.codec_silent,

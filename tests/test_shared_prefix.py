@@ -26,9 +26,10 @@ def steps(runner: Runner, slots: list[int], n: int) -> list[np.ndarray]:
     return [runner.read(runner.launch(slots, 150)) for _ in range(n)]
 
 
-def run(runner: Runner, bundle, spoil_followers: bool = False) -> dict:
+def run(runner: Runner, bundle, spoil_followers: bool = False, leave: bool = False) -> dict:
     """Voices A (slots 0, 2) and B (1, 3); four steps; slot 0 comes back with voice B and
-    the same slot list decodes on (its staged prefix rows must follow the new voice)."""
+    the same slot list decodes on (its staged prefix rows must follow the new voice).
+    `leave`: between the two, slot 0 leaves for two steps (slot 2 then leads voice A)."""
     prompts = bundle.prompts
     a = runner.prefill_prefix(0, prompts.segment("The first voice prompt."))
     b = runner.prefill_prefix(1, prompts.segment("Another voice, a longer prompt than that."))
@@ -43,6 +44,8 @@ def run(runner: Runner, bundle, spoil_followers: bool = False) -> dict:
             cache[:, 3, : b.length] = -1e3
     out = {"first": np.stack(first), "before": np.stack(steps(runner, [0, 1, 2, 3], 4))}
     out["staged"] = runner.batch_prefix[:, :4].cpu().numpy().copy()
+    if leave:
+        out["left"] = np.stack(steps(runner, [1, 2, 3], 2))
     runner.load_prefix(0, b)
     out["again"] = runner.prefill_segment(0, b.length, prompts.segment("Back again."), GREEDY)
     out["after"] = np.stack(steps(runner, [0, 1, 2, 3], 4))
@@ -79,6 +82,22 @@ def test_followers_read_the_prompt_from_the_first_stream_of_their_voice(bundle):
     assert not np.array_equal(spoiled["before"], clean["before"])
 
 
+@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.gpu)])
+def test_cascade_gives_the_frames_of_shared_reads(bundle, graphs):
+    """The cascade (each voice's prompt attended once for its streams of the step,
+    kernels/cascade_attention.py) gives the greedy frames of shared reads, as streams
+    leave and come back with another voice."""
+    if graphs and DEVICE != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    shared = run(Runner(bundle, 4, 160, cuda_graphs=graphs, attention_kernel=True, shared_prefix=True), bundle,
+                 leave=True)
+    runner = Runner(bundle, 4, 160, cuda_graphs=graphs, attention_kernel=True, prefix_cascade=True)
+    assert runner.prefix_cascade and runner.shared_prefix  # the cascade stages the shared prefix rows itself
+    cascade = run(runner, bundle, leave=True)
+    for key in ("first", "before", "left", "again", "after", "staged", "staged_after"):
+        np.testing.assert_array_equal(cascade[key], shared[key], err_msg=key)
+
+
 def test_a_segment_over_the_prompt_ends_the_sharing(bundle):
     runner = Runner(bundle, 4, 160, cuda_graphs=False, attention_kernel=True, shared_prefix=True)
     a = runner.prefill_prefix(0, bundle.prompts.segment("A voice prompt."))
@@ -92,3 +111,12 @@ def test_a_segment_over_the_prompt_ends_the_sharing(bundle):
 
 def test_off_without_the_attention_kernel(bundle):
     assert not Runner(bundle, 2, 64, cuda_graphs=False, attention_kernel=False, shared_prefix=True).shared_prefix
+    runner = Runner(bundle, 2, 64, cuda_graphs=False, attention_kernel=False, prefix_cascade=True)
+    assert not runner.prefix_cascade and not runner.shared_prefix
+
+
+def test_the_server_flag_turns_the_cascade_on():
+    from realtime.config import parse_args
+
+    assert parse_args(["--prefix-cascade"]).engine.prefix_cascade
+    assert not parse_args([]).engine.prefix_cascade
