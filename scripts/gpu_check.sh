@@ -678,8 +678,10 @@ arms)
     # (--pdl-all-batches): their GPU tests, the cascade alone, the engine's prefill
     # per-query vs blocked, then the load at c=64 twice per arm, in that order until the
     # time is spent (~9.5 min)
-    timeout 120 python3 -m pytest -q --tb=short -rfE tests/test_kernel_prefill_attention.py tests/test_pdl.py \
-        tests/test_kernel_cascade_attention.py tests/test_gpu.py -k "prefill or pdl or graphs or s2pro" > "$out/gpu_tests.log" 2>&1
+    timeout 60 python3 -m pytest -q --tb=short -rfE tests/test_kernel_cascade_attention.py tests/test_shared_prefix.py \
+        > "$out/gpu_tests_cascade.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests_cascade.log" | tail -3
+    timeout 90 python3 -m pytest -q --tb=short -rfE tests/test_kernel_prefill_attention.py tests/test_pdl.py \
+        tests/test_gpu.py -k "prefill or pdl or graphs" > "$out/gpu_tests.log" 2>&1
     grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     # the cascade decode attention (kernels/cascade_attention.py, built 2026-12-06 without a
     # GPU) alone: own rows / shared reads / cascade, one voice, bf16 and FP8 caches
