@@ -12,6 +12,14 @@ are on.
 `--kv-quant none,fp8`: the first KV layout runs every mode; each further one runs the
 fastest mode again (graphs on a GPU) as `<mode>_kv_<layout>`, so the FP8 KV cache and
 its bf16 baseline are timed in the same run.
+
+`--shared-prefix N`: every stream of the decode batch speaks one voice whose prompt is
+its first N positions (as in the service, where each stream's row holds a copy of the
+voice's prefilled prompt), so the graphs run with shared voice prefix reads; two more
+modes time the same steps reading every stream's own row (graphs_own_rows, the baseline)
+and through the cascade attention (graphs_cascade, kernels/cascade_attention.py):
+
+    python -m latency_bench.engine_bench --model s2-pro --device cuda --batch 16,54,64 --skip-eager --context 800 --shared-prefix 340
 """
 
 from __future__ import annotations
@@ -36,11 +44,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def prepare_batch(runner: Runner, batch: int, context: int) -> list[int]:
+def prepare_batch(runner: Runner, batch: int, context: int, shared_prefix: int = 0) -> list[int]:
     """Slots 0..batch-1 hold a stream at position `context` with a valid input frame (KV
-    contents do not change the cost of a step, only its length does)."""
+    contents do not change the cost of a step, only its length does); with
+    `shared_prefix` N, each slot's first N positions are marked as one voice's prompt
+    (the runner's record of a loaded prefix, engine/runner.py), so that the runner's
+    shared prefix reads or cascade read them from one row."""
     c = runner.config
     slots = list(range(batch))
+    for s in slots:
+        runner._hold_prefix(s, (0, min(shared_prefix, context)) if shared_prefix else None)
     g = torch.Generator().manual_seed(0)
     frames = torch.randint(0, c.fast_vocab, (batch, 1 + c.num_codebooks), generator=g)
     frames[:, 0] += c.semantic_begin_id
@@ -53,8 +66,8 @@ def prepare_batch(runner: Runner, batch: int, context: int) -> list[int]:
     return slots
 
 
-def bench_decode(runner: Runner, batch: int, context: int, steps: int) -> dict:
-    slots = prepare_batch(runner, batch, context)
+def bench_decode(runner: Runner, batch: int, context: int, steps: int, shared_prefix: int = 0) -> dict:
+    slots = prepare_batch(runner, batch, context, shared_prefix)
     kv_len = context + steps + 8
     pending = None
     for _ in range(3):  # warm-up (and graph capture, when on)
@@ -136,6 +149,10 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-attention", default="per-query",
                    help="the chunked prefill's attention, comma-separated: per-query, blocked; each after the first "
                         "adds a graphs mode (graphs_prefill_blocked) against the first")
+    p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
+                   help="the decode batch speaks one voice whose prompt is each stream's first N positions; adds "
+                        "the modes graphs_own_rows (no shared reads: the baseline) and graphs_cascade "
+                        "(kernels/cascade_attention.py)")
     p.add_argument("--skip-eager", action="store_true", help="on a GPU, time the graph modes only (saves minutes)")
     p.add_argument("--attention-launch", default="measured", choices=["measured", "short"],
                    help="decode attention's launch: the measured choice per batch (kernels/decode_attention.py"
@@ -164,6 +181,8 @@ def main(argv=None) -> int:
             modes.append("graphs_no_gemv")
         if a.pdl_baseline:
             modes += ["graphs_no_pdl", "graphs_pdl_all"]
+        if a.shared_prefix:
+            modes += ["graphs_own_rows", "graphs_cascade"]
         if a.skip_eager:
             modes.remove("eager")
     prefill_of = {}  # modes of a further prefill attention (the rest take the first)
@@ -186,7 +205,9 @@ def main(argv=None) -> int:
         runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=not mode.startswith("eager"),
                         step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode],
                         gemv=False if mode == "graphs_no_gemv" else None, pdl=False if mode == "graphs_no_pdl" else None,
-                        prefill_attention=prefill_of.get(mode, prefill_kinds[0]))
+                        prefill_attention=prefill_of.get(mode, prefill_kinds[0]),
+                        shared_prefix=a.shared_prefix > 0 and mode != "graphs_own_rows",
+                        prefix_cascade=mode == "graphs_cascade")
         results[mode] = {
             "prefill_attention": prefill_of.get(mode, prefill_kinds[0]),
             "step_kernels": runner.model.step_kernels,
@@ -194,7 +215,9 @@ def main(argv=None) -> int:
             "pdl_buckets": runner.pdl_buckets,
             "kv_quant": kv_of[mode],
             "kv_bytes_per_stream": runner.kv_bytes_per_stream(),
-            "decode": [bench_decode(runner, b, a.context, a.steps) for b in batches],
+            "shared_prefix": a.shared_prefix if runner.shared_prefix else 0,
+            "prefix_cascade": runner.prefix_cascade,
+            "decode": [bench_decode(runner, b, a.context, a.steps, a.shared_prefix) for b in batches],
             "prefill": [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len],
             "segments": [bench_segments(runner, b) for b in (1, 16) if b <= max(batches) and 380 < a.max_len],
         }
@@ -218,6 +241,12 @@ def main(argv=None) -> int:
             base, new = results[base_mode]["decode"], results["graphs"]["decode"]
             print(f"graphs (PDL at batch buckets {results['graphs']['pdl_buckets']}) against {base_mode} (step time "
                   "ratio, higher is faster): " + ", ".join(
+                f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches)))
+    for m in ("graphs", "graphs_cascade"):  # the shared voice prompt read once per voice, against own rows
+        if a.shared_prefix and m in results and "graphs_own_rows" in results:
+            base, new = results["graphs_own_rows"]["decode"], results[m]["decode"]
+            print(f"{m} ({'cascade' if m == 'graphs_cascade' else 'shared reads'}, a {a.shared_prefix}-position voice "
+                  "prompt) against graphs_own_rows (step time ratio, higher is faster): " + ", ".join(
                 f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches)))
     if "graphs_no_gemv" in results and "graphs" in results:
         base, new = results["graphs_no_gemv"]["decode"], results["graphs"]["decode"]

@@ -45,7 +45,7 @@
 #   bash scripts/gpu_check.sh sharedprefix  # shared voice prefix reads: GPU tests, decode attention alone own vs shared rows, load c=16,64x2 bf16 with vs without (~8 min)
 #   bash scripts/gpu_check.sh h100next   # shared-prefix tests + attention alone, then load c=64x2 FP8: default / first audio of 2 frames / shared prefix reads (~9 min)
 #   bash scripts/gpu_check.sh prefillblocked  # the blocked prefill attention: its tests compiled, engine prefill per-query vs blocked, load c=16,64x2 bf16 with vs without (~8 min)
-#   bash scripts/gpu_check.sh arms       # FP8: cascade attention, blocked prefill, PDL everywhere: tests, cascade alone, engine prefill both ways, load c=64x2 per arm (~9.5 min)
+#   bash scripts/gpu_check.sh arms       # FP8: cascade decode attention, blocked prefill: tests, cascade alone, engine step + prefill A/B, load c=64x2 per arm (~9.5 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
@@ -673,26 +673,22 @@ prefillblocked)
     ;;
 arms)
     # the opt-in arms built without a GPU, in FP8 (issue 7's serving mode), each against
-    # the default in one call: the cascade decode attention (--prefix-cascade), the blocked
-    # prefill attention (kernels/prefill_attention.py) and PDL on every decode graph
-    # (--pdl-all-batches): their GPU tests, the cascade alone, the engine's prefill
-    # per-query vs blocked, then the load at c=64 twice per arm, in that order until the
-    # time is spent (~9.5 min)
-    timeout 60 python3 -m pytest -q --tb=short -rfE tests/test_kernel_cascade_attention.py tests/test_shared_prefix.py \
-        > "$out/gpu_tests_cascade.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests_cascade.log" | tail -3
-    timeout 90 python3 -m pytest -q --tb=short -rfE tests/test_kernel_prefill_attention.py tests/test_pdl.py \
-        tests/test_gpu.py -k "prefill or pdl or graphs" > "$out/gpu_tests.log" 2>&1
-    grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
-    # the cascade decode attention (kernels/cascade_attention.py, built 2026-12-06 without a
-    # GPU) alone: own rows / shared reads / cascade, one voice, bf16 and FP8 caches
+    # the default in one call: the cascade decode attention (--prefix-cascade;
+    # kernels/cascade_attention.py) and the blocked prefill attention
+    # (kernels/prefill_attention.py): their GPU tests, the cascade alone (own rows / shared
+    # reads / cascade), the engine step at batch 54 and 64 with a shared 340-position voice
+    # prompt (own rows / shared reads / cascade) and its prefill per-query vs blocked, then
+    # the load at c=64 twice per arm, in that order until the time is spent (~9.5 min)
+    timeout 90 python3 -m pytest -q --tb=short -rfE tests/test_kernel_cascade_attention.py tests/test_shared_prefix.py \
+        tests/test_kernel_prefill_attention.py > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     for ctx in 700 1000; do
         timeout 60 python3 -m latency_bench.attention_bench --batch 64 --context $ctx --shared-prefix 340 --cascade \
             --out "$out/attention_cascade_$ctx" 2>&1 | grep -i "prefix\|cascade"
     done
-    timeout 80 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 16 --skip-eager \
-        --prefill-attention per-query,blocked --steps 10 --context 400 --max-len 1536 --prompt-lengths 300 \
-        --out "$out/engine_prefill" 2>&1 | grep -v Warn | grep "prefill"
-    ab_loads arms 64,64 ${LOAD_S:-320} ${VARIANTS:-fp8:--quant=fp8 cascade:--quant=fp8,--prefix-cascade blocked:--quant=fp8,--prefill-attention=blocked pdlall:--quant=fp8,--pdl-all-batches}
+    timeout 200 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 54,64 --quant fp8 --skip-eager \
+        --shared-prefix 340 --prefill-attention per-query,blocked --steps 30 --context 800 --max-len 1536 \
+        --prompt-lengths 300 --out "$out/engine_arms" 2>&1 | grep -v Warn | tee "$out/engine_arms.log" | grep -v "prefill [ 0-9]* tokens"
+    ab_loads arms 64,64 ${LOAD_S:-330} ${VARIANTS:-fp8:--quant=fp8 cascade:--quant=fp8,--prefix-cascade blocked:--quant=fp8,--prefill-attention=blocked}
     ;;
 first2)
     # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames
