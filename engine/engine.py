@@ -115,12 +115,14 @@ class EngineConfig:
     # load with --prefix-cascade). Only where decode attention is the Triton kernel; off
     # in the naive baseline.
     prefix_cascade: bool = False
-    # the chunked prefill's attention (a GPU): "per-query" (each new position one decode
-    # query: it reads its stream's whole context alone) or "blocked" (16 new positions of
-    # a stream per program, each key block read once for all of them;
-    # kernels/prefill_attention.py). Built 2026-12-06 without a GPU: off until measured
-    # (`python -m latency_bench.engine_bench ... --prefill-attention per-query,blocked`).
-    prefill_attention: str = "per-query"
+    # the chunked prefill's attention (a GPU): "blocked" (16 new positions of a stream per
+    # program, each key block read once for all of them; kernels/prefill_attention.py) or
+    # "per-query" (each new position one decode query: it reads its stream's whole context
+    # alone; the baseline). Measured on an H100 (2026-12-06, latency_bench/RESULTS.md):
+    # 16 segments of 40 tokens after a 340-position voice 33.6 -> 21.1 ms (1.59x), and at
+    # 64 connections a lower TTFA (FP8 p50 110/76 -> 78/63 ms, bf16 120/104 -> 92/93) and
+    # 1.01-1.04x the frames/s
+    prefill_attention: str = "blocked"
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
     codec_release_interval_s: float = 0.0

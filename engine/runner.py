@@ -164,7 +164,7 @@ class Runner:
         pdl: bool | None = None,
         pdl_all_batches: bool = False,
         shared_prefix: bool = False,
-        prefill_attention: str = "per-query",
+        prefill_attention: str = "blocked",
         prefix_cascade: bool = False,
     ) -> None:
         self.bundle = bundle
@@ -248,8 +248,8 @@ class Runner:
         self.chunked_prefill = self.cuda_graphs and self.attention_kernel if chunked_prefill is None else chunked_prefill
         if self.chunked_prefill and not self.attention_kernel:
             raise ValueError("chunked prefill attends through the Triton kernel (attention_kernel=True)")
-        # the chunked prefill's attention: "per-query" (each new position a decode query,
-        # kernels/decode_attention.py) or "blocked" (kernels/prefill_attention.py)
+        # the chunked prefill's attention: "blocked" (kernels/prefill_attention.py) or
+        # "per-query" (each new position a decode query, kernels/decode_attention.py)
         if prefill_attention not in PREFILL_ATTENTION:
             raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, got {prefill_attention!r}")
         self.prefill_blocked = prefill_attention == "blocked"

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
                    help="also run CUDA graphs with the step's kernels launched one after another at every batch "
                         "(mode graphs_no_pdl) and with PDL at every batch (graphs_pdl_all): the baselines of "
                         "kernels/pdl.py and engine/runner.py PDL_BATCHES")
-    p.add_argument("--prefill-attention", default="per-query",
+    p.add_argument("--prefill-attention", default="blocked",
                    help="the chunked prefill's attention, comma-separated: per-query, blocked; each after the first "
                         "adds a graphs mode (graphs_prefill_blocked) against the first")
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
