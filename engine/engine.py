@@ -110,10 +110,10 @@ class EngineConfig:
     # cascade decode attention over the same shared prefixes (kernels/cascade_attention.py):
     # each voice prompt attended once for all the streams of a step that speak with it
     # (their query rows stacked in one dot), the rest of each stream's context as now; the
-    # same attention up to rounding, not the same bits. Built 2026-12 without a GPU: off
-    # until measured (latency_bench.attention_bench --shared-prefix 340 --cascade, then a
-    # load with --prefix-cascade). Only where decode attention is the Triton kernel; off
-    # in the naive baseline.
+    # same attention up to rounding, not the same bits. Measured on an H100 (2026-12-06,
+    # latency_bench/RESULTS.md): alone 0.84-1.11x against the shared reads, the step at
+    # batch 54-64 1.00-1.01x, the FP8 load at c=64 0.99x: off, an A/B arm. Only where
+    # decode attention is the Triton kernel; off in the naive baseline.
     prefix_cascade: bool = False
     # the chunked prefill's attention (a GPU): "blocked" (16 new positions of a stream per
     # program, each key block read once for all of them; kernels/prefill_attention.py) or
