@@ -46,6 +46,7 @@
 #   bash scripts/gpu_check.sh h100next   # shared-prefix tests + attention alone, then load c=64x2 FP8: default / first audio of 2 frames / shared prefix reads (~9 min)
 #   bash scripts/gpu_check.sh prefillblocked  # the blocked prefill attention: its tests compiled, engine prefill per-query vs blocked, load c=16,64x2 bf16 with vs without (~8 min)
 #   bash scripts/gpu_check.sh arms       # FP8: cascade decode attention, blocked prefill: tests, cascade alone, engine step + prefill A/B, load c=64x2 per arm (~9.5 min)
+#   bash scripts/gpu_check.sh fp8arms    # FP8 load c=64x2: the default / first audio of 2 frames / PDL on every graph (~9 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
@@ -689,6 +690,13 @@ arms)
         --shared-prefix 340 --prefill-attention per-query,blocked --steps 30 --context 800 --max-len 1536 \
         --prompt-lengths 300 --out "$out/engine_arms" 2>&1 | grep -v Warn | tee "$out/engine_arms.log" | grep -v "prefill [ 0-9]* tokens"
     ab_loads arms 64,64 ${LOAD_S:-330} ${VARIANTS:-fp8:--quant=fp8 cascade:--quant=fp8,--prefix-cascade blocked:--quant=fp8,--prefill-attention=blocked}
+    ;;
+fp8arms)
+    # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
+    # still open on top of it: a turn's first audio of 2 frames (underruns) and PDL on
+    # every decode graph (--pdl-all-batches), each against the default, c=64 twice per arm,
+    # one server each (~9 min)
+    ab_loads fp8arms 64,64 ${LOAD_S:-540} ${VARIANTS:-fp8:--quant=fp8 first2:--quant=fp8,--codec-first-frames=2 pdlall:--quant=fp8,--pdl-all-batches}
     ;;
 first2)
     # issue 5's underruns at c=64 with FP8 weights: a turn's first audio of 2 frames
