@@ -34,7 +34,7 @@ import torch
 from engine.bundle import QUANT_MODES, load_bundle
 from engine.kv_cache import KV_QUANTS
 from engine import runner as runner_module
-from engine.runner import Runner
+from engine.runner import PrefixKV, Runner
 from engine.sampling import SamplingParams
 from latency_bench.jsonfile import write_json
 
@@ -47,13 +47,16 @@ def _sync(device: torch.device) -> None:
 def prepare_batch(runner: Runner, batch: int, context: int, shared_prefix: int = 0) -> list[int]:
     """Slots 0..batch-1 hold a stream at position `context` with a valid input frame (KV
     contents do not change the cost of a step, only its length does); with
-    `shared_prefix` N, each slot's first N positions are marked as one voice's prompt
-    (the runner's record of a loaded prefix, engine/runner.py), so that the runner's
-    shared prefix reads or cascade read them from one row."""
+    `shared_prefix` N, each slot's first N positions are one voice's prompt, copied in as
+    the service copies a cached voice (Runner.load_prefix), so that the runner's shared
+    prefix reads or the cascade read them from one row."""
     c = runner.config
     slots = list(range(batch))
-    for s in slots:
-        runner._hold_prefix(s, (0, min(shared_prefix, context)) if shared_prefix else None)
+    if shared_prefix:
+        n = min(shared_prefix, context)
+        voice = PrefixKV(runner.kv.k[:, 0, :n].clone(), runner.kv.v[:, 0, :n].clone(), n)
+        for s in slots:
+            runner.load_prefix(s, voice)
     g = torch.Generator().manual_seed(0)
     frames = torch.randint(0, c.fast_vocab, (batch, 1 + c.num_codebooks), generator=g)
     frames[:, 0] += c.semantic_begin_id

@@ -198,3 +198,22 @@ def test_codec_policy_model_orders_the_policies(capsys):
     assert main(["--seconds", "1", "--streams", "8"]) == 0
     table = capsys.readouterr().out
     assert all(name in table for name in POLICIES)
+
+
+def test_engine_bench_shared_prefix_gives_every_stream_one_voice_prompt():
+    """engine_bench --shared-prefix N: each decode stream's first N positions are one
+    voice's prompt, copied in as the service copies a cached voice, so the runner's
+    shared reads (and the cascade) point every stream at one row; without it, none."""
+    from engine.bundle import load_bundle
+    from engine.runner import Runner
+    from latency_bench.engine_bench import prepare_batch
+
+    runner = Runner(load_bundle("tiny", "cpu", torch.float32), 4, 256)
+    runner.kv.k[:, 0, :40].normal_()
+    prepare_batch(runner, 3, 100, shared_prefix=40)
+    held = [runner.slot_prefix[s] for s in range(3)]
+    assert held[0] is not None and held[0][1] == 40 and held.count(held[0]) == 3
+    assert all(torch.equal(runner.kv.k[:, s, :40], runner.kv.k[:, 0, :40]) for s in (1, 2))
+    plain = Runner(runner.bundle, 4, 256)
+    prepare_batch(plain, 3, 100)
+    assert plain.slot_prefix[:3] == [None, None, None]
