@@ -26,6 +26,10 @@ into V voices (stream i speaks voice i mod V):
 
     python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340 --cascade --voices 2
 
+`--cascade-splits 128,256` times the cascade again with its own part (each stream's
+positions past the prompt) in those split sizes: measured on an H100 (2026-12-06) with
+launch_choice's 512-position splits, the cascade was no faster than the shared reads.
+
 Each call reads a different layer's cache (enough copies to overflow L2), inside a CUDA graph.
 """
 
@@ -75,6 +79,10 @@ def main(argv=None) -> int:
                    help="time own rows against N shared prefix positions instead of the sweep")
     p.add_argument("--cascade", action="store_true", help="with --shared-prefix: time the cascade kernel too")
     p.add_argument("--voices", type=int, default=1, help="with --shared-prefix: voices the batch speaks")
+    p.add_argument("--cascade-splits", default="",
+                   help="with --cascade: also time the cascade with its own part (the positions past the prompt) "
+                        "in these split sizes, comma-separated (the rest of launch_choice's launch kept): "
+                        "cascade_own<S>")
     p.add_argument("--max-length", type=int, default=0,
                    help="with --shared-prefix: the split count's bound (default the context; the engine's is its "
                         "--max-len, 4096: the splits past each length cost a program each)")
@@ -135,7 +143,7 @@ def main(argv=None) -> int:
 def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> int:
     """The default launch of each cache kind, own rows against a prefix shared through the
     first stream of each voice (and, with --cascade, against the cascade kernel)."""
-    from kernels.decode_attention import decode_attention
+    from kernels.decode_attention import decode_attention, launch_choice
 
     batch, context = q.shape[0], int(lengths[0])
     n, voices = min(a.shared_prefix, context), max(1, min(a.voices, batch))
@@ -144,8 +152,13 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
     kinds = {"own": {}, "shared": {"prefix_rows": prefix_rows, "prefix_lens": prefix_lens}}
     if a.cascade:
         kinds["cascade"] = {**kinds["shared"], "cascade": True}
+    own_splits = [int(x) for x in a.cascade_splits.split(",") if x] if a.cascade else []
     rows, t0 = [], time.perf_counter()
     for fp8 in (False, True):
+        base = launch_choice(batch, kv_heads, fp8)
+        for split in own_splits:  # the cascade's own part in shorter splits (its longest program is shorter)
+            kinds[f"cascade_own{split}"] = {**kinds["cascade"], "split": split, "block": min(base.block, split),
+                                            "num_warps": base.num_warps, "num_stages": base.num_stages}
         one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
         for cache in one:  # each stream holds its voice's prefix, as one voice's streams do
             cache[:batch, :n] = cache[prefix_rows, :n]
@@ -153,9 +166,9 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
         outs = {name: decode_attention(q, *one, slots, lengths, max_length=max_length, **extra)
                 for name, extra in kinds.items()}
         assert torch.equal(outs["own"], outs["shared"]), "shared prefix reads changed the output"
-        if a.cascade:  # other split boundaries: the same attention within bf16 rounding
-            err = ((outs["cascade"].float() - outs["own"].float()).norm() / outs["own"].float().norm()).item()
-            assert err < 2e-2, f"the cascade's output is off by {err:.3g}"
+        for name in (k for k in outs if k.startswith("cascade")):  # other split boundaries: within bf16 rounding
+            err = ((outs[name].float() - outs["own"].float()).norm() / outs["own"].float().norm()).item()
+            assert err < 2e-2, f"the {name} output is off by {err:.3g}"
         times = {name: timer.us_per_call([lambda c=c, extra=extra: decode_attention(
             q, *c, slots, lengths, max_length=max_length, **extra) for c in caches]) for name, extra in kinds.items()}
         unique = nbytes * (1 - n / context * (batch - voices) / batch)  # bytes left once each prefix is read once
@@ -168,6 +181,10 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
         rows.append(row)
         cascade = (f", cascade {times['cascade']:.1f} us: {row['cascade_speedup']:.2f}x "
                    f"({row['cascade_vs_shared']:.2f}x shared)") if a.cascade else ""
+        for split in own_splits:
+            us = times[f"cascade_own{split}"]
+            row[f"cascade_own{split}_vs_shared"] = times["shared"] / us
+            cascade += f", own part in {split}-position splits {us:.1f} us ({times['shared'] / us:.2f}x shared)"
         print(f"{'fp8 ' if fp8 else 'bf16'} batch {batch} context {context} prefix {n} voices {voices}: own rows "
               f"{times['own']:.1f} us, shared prefix {times['shared']:.1f} us: {row['speedup']:.2f}x{cascade} "
               f"(bytes alone would allow {nbytes / unique:.2f}x)", flush=True)

@@ -684,7 +684,7 @@ arms)
     timeout 150 python3 -m pytest -q --tb=short -rfE tests/test_kernel_cascade_attention.py tests/test_shared_prefix.py \
         tests/test_kernel_prefill_attention.py > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     for ctx in 700 1000; do
-        timeout 60 python3 -m latency_bench.attention_bench --batch 64 --context $ctx --shared-prefix 340 --cascade \
+        timeout 60 python3 -m latency_bench.attention_bench --batch 64 --context $ctx --shared-prefix 340 --cascade --cascade-splits 128,256 \
             --out "$out/attention_cascade_$ctx" 2>&1 | grep -i "prefix\|cascade"
     done
     timeout 200 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 54,64 --quant fp8 --skip-eager \

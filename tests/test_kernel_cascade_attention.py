@@ -169,10 +169,11 @@ def test_cascade_benchmark_script_runs(tmp_path):
 
     from latency_bench.attention_bench import main
 
-    assert main(["--smoke", "--shared-prefix", "20", "--cascade", "--out", str(tmp_path)]) == 0
+    assert main(["--smoke", "--shared-prefix", "20", "--cascade", "--cascade-splits", "32", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "attention_shared_prefix.json").read_text())["rows"]
     assert [r["fp8"] for r in rows] == [False, True]
     assert all(r["own_us"] > 0 and r["shared_us"] > 0 and r["cascade_us"] > 0 for r in rows)
+    assert all(r["cascade_own32_us"] > 0 and r["cascade_own32_vs_shared"] > 0 for r in rows)
 
 
 # --- on a GPU, at the S2-Pro shape --------------------------------------------------------
