@@ -121,7 +121,8 @@ class EngineConfig:
     # alone; the baseline). Measured on an H100 (2026-12-06, latency_bench/RESULTS.md):
     # 16 segments of 40 tokens after a 340-position voice 33.6 -> 21.1 ms (1.59x), and at
     # 64 connections a lower TTFA (FP8 p50 110/76 -> 78/63 ms, bf16 120/104 -> 92/93) and
-    # 1.01-1.04x the frames/s
+    # 1.01-1.04x the frames/s. With an FP8 KV cache (kv_quant "fp8") the prefill stays
+    # per-query: the blocked kernel reads bf16 caches only (engine/attention.py)
     prefill_attention: str = "blocked"
     # streams well ahead of real time send their full chunks to the codec together, at
     # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
@@ -165,6 +166,11 @@ class EngineConfig:
             raise ValueError(f"cpu_threads must be None (auto) or in 1..1024, got {self.cpu_threads}")
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
             raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
+        if self.pdl_all_batches and not self.pdl:
+            raise ValueError("pdl_all_batches captures every decode graph with PDL: it cannot go with pdl off")
+        if self.prefix_cascade and not self.shared_prefix_reads:
+            raise ValueError("prefix_cascade reads each voice prompt from the shared prefix rows: it cannot go with "
+                             "shared_prefix_reads off")
         if self.prefill_attention not in PREFILL_ATTENTION:
             raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, got {self.prefill_attention!r}")
         if not 0 <= self.codec_release_interval_s <= 1:

@@ -155,11 +155,12 @@ def _prefix_attention_kernel(
                 prefix_row = tl.sum(tl.where(offs_s == j, rows_s, 0))
                 limit = tl.where(mine & (row_r == prefix_row), cut_r, 0)  # [ROWS]: positions each row sees
                 end = tl.minimum(start + SPLIT_SIZE, tl.max(limit))
-                k_row = k_ptr + prefix_row * stride_kr + kv_head * stride_kk
-                v_row = v_ptr + prefix_row * stride_vr + kv_head * stride_vk
+                row_at = prefix_row.to(tl.int64)  # a row's offset can pass 2^31 elements in a large cache
+                k_row = k_ptr + row_at * stride_kr + kv_head * stride_kk
+                v_row = v_ptr + row_at * stride_vr + kv_head * stride_vk
                 if KV_FP8:
-                    ks_row = ks_ptr + (prefix_row * stride_kr + kv_head * stride_kk + HEAD_DIM) // 4
-                    vs_row = vs_ptr + (prefix_row * stride_vr + kv_head * stride_vk + HEAD_DIM) // 4
+                    ks_row = ks_ptr + (row_at * stride_kr + kv_head * stride_kk + HEAD_DIM) // 4
+                    vs_row = vs_ptr + (row_at * stride_vr + kv_head * stride_vk + HEAD_DIM) // 4
                 # a loop bound loaded from memory (prefill_attention.py: the compiler pipelines it)
                 for n0 in range(start, end, BLOCK):
                     offs_n = n0 + tl.arange(0, BLOCK)

@@ -150,8 +150,8 @@ def main(argv=None) -> int:
                         "(mode graphs_no_pdl) and with PDL at every batch (graphs_pdl_all): the baselines of "
                         "kernels/pdl.py and engine/runner.py PDL_BATCHES")
     p.add_argument("--prefill-attention", default="blocked",
-                   help="the chunked prefill's attention, comma-separated: per-query, blocked; each after the first "
-                        "adds a graphs mode (graphs_prefill_blocked) against the first")
+                   help="the chunked prefill's attention, comma-separated: blocked (the engine's default), per-query; "
+                        "each after the first adds a graphs mode (e.g. graphs_prefill_per_query) against the first")
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                    help="the decode batch speaks one voice whose prompt is each stream's first N positions; adds "
                         "the modes graphs_own_rows (no shared reads: the baseline) and graphs_cascade "

@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                         "the one before): an A/B baseline")
     p.add_argument("--pdl-all-batches", action="store_true",
                    help="capture every decode graph with programmatic dependent launch, not the single-stream one "
-                        "only (measured 1.02x on the engine step alone at batch 54-64 on an H100; an A/B arm)")
+                        "only (measured 1.02x on the engine step alone at batch 54-64 on an H100; an A/B arm; "
+                        "not with --no-pdl)")
     p.add_argument("--no-shared-prefix-reads", dest="shared_prefix_reads", action="store_false",
                    help="decode attention reads every stream's voice prompt from its own KV row instead of one row "
                         "per voice in the step (the same audio either way; shared: fewer memory reads, measured "
@@ -91,11 +92,12 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
                    help="decode attention attends each voice prompt once for all the streams of a step that speak "
                         "with it (their queries in one dot; kernels/cascade_attention.py) instead of once per stream: "
                         "the same audio up to rounding, fewer memory reads; measured no faster than the shared reads on an H100 "
-                        "(the c=64 load 0.99x): an A/B arm")
+                        "(the c=64 load 0.99x): an A/B arm; not with --no-shared-prefix-reads, whose rows it reads")
     p.add_argument("--prefill-attention", choices=PREFILL_ATTENTION, default="blocked",
                    help="the segment prefill's attention on a GPU: blocked (16 new positions of a stream read each "
                         "key block once; the default: 1.59x faster for 16 segments, a lower TTFA under load) or "
-                        "per-query (each new position reads its context alone: the baseline)")
+                        "per-query (each new position reads its context alone: the baseline); with --kv-quant fp8 the "
+                        "prefill is per-query either way (the blocked kernel reads bf16 caches)")
     p.add_argument("--codec-release-interval", type=float, default=0.0,
                    help="seconds: streams well ahead of real time send full chunks to the codec together, at most "
                         "this often (0: each when its chunk is full); fewer, fuller codec calls")

@@ -44,8 +44,8 @@
 #   bash scripts/gpu_check.sh first2     # load c=1,16,64x2 FP8, a turn's first audio of 2 frames vs 1, same call (~5.5 min)
 #   bash scripts/gpu_check.sh sharedprefix  # shared voice prefix reads: GPU tests, decode attention alone own vs shared rows, load c=16,64x2 bf16 with vs without (~8 min)
 #   bash scripts/gpu_check.sh h100next   # shared-prefix tests + attention alone, then load c=64x2 FP8: default / first audio of 2 frames / shared prefix reads (~9 min)
-#   bash scripts/gpu_check.sh prefillblocked  # the blocked prefill attention: its tests compiled, engine prefill per-query vs blocked, load c=16,64x2 bf16 with vs without (~8 min)
-#   bash scripts/gpu_check.sh arms       # FP8: cascade decode attention, blocked prefill: tests, cascade alone, engine step + prefill A/B, load c=64x2 per arm (~9.5 min)
+#   bash scripts/gpu_check.sh prefillblocked  # the blocked prefill attention: its tests compiled, engine prefill per-query vs blocked, load c=16,64x2 bf16 per-query vs blocked (the default) (~8 min)
+#   bash scripts/gpu_check.sh arms       # FP8: the cascade decode attention vs the default: tests, alone, engine step (+ prefill A/B), load c=64x2 per arm (~8 min)
 #   bash scripts/gpu_check.sh fp8arms    # FP8 load c=64x2: the default / first audio of 2 frames / PDL on every graph (~9 min)
 #   bash scripts/gpu_check.sh cutin      # load c=16,64x3 bf16, --codec-cut-in vs the default, same call (~5.5 min)
 #   bash scripts/gpu_check.sh tma        # the TMA FP8 GEMM: its GPU tests (warp-specialized cases in a child with a time limit), its
@@ -660,37 +660,37 @@ sharedprefix|h100next)
     ;;
 prefillblocked)
     # the segment prefill's attention through kernels/prefill_attention.py (a block of 16
-    # new positions per program; built 2026-12-06 without a GPU) against one decode query
-    # per position (the default): its tests and the chunked prefill's compiled, the
-    # engine's prefill (one prompt, 16 segments after a 340-position voice) both ways in
-    # one run, then the load (bf16) with --prefill-attention blocked against the default
+    # new positions per program; the default since 2026-12-06) against one decode query
+    # per position (--prefill-attention per-query): its tests and the chunked prefill's
+    # compiled, the engine's prefill (one prompt, 16 segments after a 340-position voice)
+    # both ways in one run, then the load (bf16) with per-query against the default
     timeout 150 python3 -m pytest -q --tb=short -rfE tests/test_kernel_prefill_attention.py tests/test_chunked_prefill.py \
         tests/test_gpu.py -k "prefill or batched or graphs" > "$out/gpu_tests.log" 2>&1
     grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     timeout 120 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 1,16 --skip-eager \
-        --prefill-attention per-query,blocked --steps 10 --context 400 --max-len 1536 --prompt-lengths 300 \
+        --prefill-attention blocked,per-query --steps 10 --context 400 --max-len 1536 --prompt-lengths 300 \
         --out "$out/engine_prefill" 2>&1 | grep -v Warn | grep "prefill"
-    ab_loads prefill 16,64,64 ${LOAD_S:-330} ${VARIANTS:-per-query blocked:--prefill-attention=blocked}
+    ab_loads prefill 16,64,64 ${LOAD_S:-330} ${VARIANTS:-per-query:--prefill-attention=per-query blocked}
     ;;
 arms)
-    # the opt-in arms built without a GPU, in FP8 (issue 7's serving mode), each against
-    # the default in one call: the cascade decode attention (--prefix-cascade;
-    # kernels/cascade_attention.py) and the blocked prefill attention
-    # (kernels/prefill_attention.py): their GPU tests, the cascade alone (own rows / shared
-    # reads / cascade), the engine step at batch 54 and 64 with a shared 340-position voice
-    # prompt (own rows / shared reads / cascade) and its prefill per-query vs blocked, then
-    # the load at c=64 twice per arm, in that order until the time is spent (~9.5 min)
-    # (2026-12-06 on an H100: 40 passed in its first 90 s, then the limit cut it)
-    timeout 150 python3 -m pytest -q --tb=short -rfE tests/test_kernel_cascade_attention.py tests/test_shared_prefix.py \
+    # the cascade decode attention (--prefix-cascade; kernels/cascade_attention.py) in FP8
+    # (issue 7's serving mode) against the default (shared prefix reads, blocked prefill):
+    # its GPU tests, the cascade alone (own rows / shared reads / cascade, and the
+    # cascade's own part in 128- and 256-position splits), the engine step at batch 54 and
+    # 64 with a shared 340-position voice prompt (own rows / shared reads / cascade) and
+    # the prefill blocked vs per-query, then the load at c=64 twice per arm (~8 min; the
+    # limits add up to under 600 s). As run on 2026-12-06 (`0c97cac`, RESULTS.md) the
+    # prefill default was per-query and a third load arm was --prefill-attention=blocked.
+    timeout 120 python3 -m pytest -q --tb=short -rfE tests/test_kernel_cascade_attention.py tests/test_shared_prefix.py \
         tests/test_kernel_prefill_attention.py > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     for ctx in 700 1000; do
-        timeout 60 python3 -m latency_bench.attention_bench --batch 64 --context $ctx --shared-prefix 340 --cascade --cascade-splits 128,256 \
+        timeout 50 python3 -m latency_bench.attention_bench --batch 64 --context $ctx --shared-prefix 340 --cascade --cascade-splits 128,256 \
             --out "$out/attention_cascade_$ctx" 2>&1 | grep -i "prefix\|cascade"
     done
-    timeout 200 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 54,64 --quant fp8 --skip-eager \
-        --shared-prefix 340 --prefill-attention per-query,blocked --steps 30 --context 800 --max-len 1536 \
+    timeout 150 python3 -m latency_bench.engine_bench --model s2-pro --device cuda --batch 54,64 --quant fp8 --skip-eager \
+        --shared-prefix 340 --prefill-attention blocked,per-query --steps 30 --context 800 --max-len 1536 \
         --prompt-lengths 300 --out "$out/engine_arms" 2>&1 | grep -v Warn | tee "$out/engine_arms.log" | grep -v "prefill [ 0-9]* tokens"
-    ab_loads arms 64,64 ${LOAD_S:-330} ${VARIANTS:-fp8:--quant=fp8 cascade:--quant=fp8,--prefix-cascade blocked:--quant=fp8,--prefill-attention=blocked}
+    ab_loads arms 64,64 ${LOAD_S:-220} ${VARIANTS:-fp8:--quant=fp8 cascade:--quant=fp8,--prefix-cascade}
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms

@@ -77,3 +77,13 @@ def test_the_server_flag_sets_pdl_on_every_graph():
 
     assert parse_args(["--pdl-all-batches"]).engine.pdl_all_batches
     assert not parse_args([]).engine.pdl_all_batches
+
+
+def test_pdl_on_every_graph_with_pdl_off_is_refused():
+    from engine.engine import EngineConfig
+    from realtime.config import parse_args
+
+    with pytest.raises(ValueError, match="pdl_all_batches"):
+        EngineConfig(pdl=False, pdl_all_batches=True)
+    with pytest.raises(SystemExit):
+        parse_args(["--pdl-all-batches", "--no-pdl"])

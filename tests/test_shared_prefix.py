@@ -120,3 +120,17 @@ def test_the_server_flag_turns_the_cascade_on():
 
     assert parse_args(["--prefix-cascade"]).engine.prefix_cascade
     assert not parse_args([]).engine.prefix_cascade
+
+
+def test_the_cascade_without_shared_prefix_rows_is_refused():
+    """--prefix-cascade reads each voice prompt from the staged shared rows, so it cannot
+    go with --no-shared-prefix-reads (every stream its own row): a usage error, not a
+    silent choice of one over the other."""
+    from engine.engine import EngineConfig
+    from realtime.config import parse_args
+
+    with pytest.raises(ValueError, match="prefix_cascade"):
+        EngineConfig(prefix_cascade=True, shared_prefix_reads=False)
+    with pytest.raises(SystemExit):
+        parse_args(["--prefix-cascade", "--no-shared-prefix-reads"])
+    assert parse_args(["--prefix-cascade"]).engine.prefix_cascade
