@@ -89,6 +89,10 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/attention_bench")
     a = p.parse_args(argv)
+    if (a.cascade or a.voices != 1) and not a.shared_prefix:
+        p.error("--cascade and --voices time shared voice prompts: they need --shared-prefix N")
+    if a.cascade_splits and not a.cascade:
+        p.error("--cascade-splits times the cascade: it needs --cascade")
     device = bench_device(a.smoke, "attention_bench")
     if device is None:
         return 2

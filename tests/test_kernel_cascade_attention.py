@@ -174,6 +174,9 @@ def test_cascade_benchmark_script_runs(tmp_path):
     assert [r["fp8"] for r in rows] == [False, True]
     assert all(r["own_us"] > 0 and r["shared_us"] > 0 and r["cascade_us"] > 0 for r in rows)
     assert all(r["cascade_own32_us"] > 0 and r["cascade_own32_vs_shared"] > 0 for r in rows)
+    for unused in (["--cascade"], ["--shared-prefix", "20", "--cascade-splits", "32"]):  # options that would do nothing
+        with pytest.raises(SystemExit):
+            main(["--smoke", *unused, "--out", str(tmp_path)])
 
 
 # --- on a GPU, at the S2-Pro shape --------------------------------------------------------
