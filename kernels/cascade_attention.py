@@ -63,7 +63,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.decode_attention import (
-    checked_args, combine, online_softmax_step, own_launch, split_pass,
+    block_scores, checked_args, combine, dot_queries, online_softmax_step, own_launch, split_pass,
 )
 from kernels.pdl import launch_args, pdl_wait
 
@@ -141,10 +141,7 @@ def _prefix_attention_kernel(
 
         q = tl.load(q_ptr + stream[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=mine[:, None], other=0.0)
-        if DOT_FP32:
-            q = q.to(tl.float32)
-        elif KV_FP8:  # fp16 tensor cores: e4m3 -> fp16 is one instruction per pair
-            q = q.to(tl.float16)
+        q = dot_queries(q, DOT_FP32, KV_FP8)
         # one online softmax per row across the passes: a pass masks every row outside its
         # group, which leaves that row's m, l and acc exactly as they were
         m = tl.full([ROWS], float("-inf"), tl.float32)
@@ -167,21 +164,11 @@ def _prefix_attention_kernel(
                     in_split = offs_n < end
                     k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=in_split[:, None], other=0.0)
                     v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=in_split[:, None], other=0.0)
-                    if KV_FP8:  # exact conversions; each key's scale multiplies its scores below
+                    k_scale, v_scale = 1.0, 1.0  # FP8 caches only: each position's scales
+                    if KV_FP8:
                         k_scale = tl.load(ks_row + offs_n * (stride_kl // 4), mask=in_split, other=0.0)
                         v_scale = tl.load(vs_row + offs_n * (stride_vl // 4), mask=in_split, other=0.0)
-                        k = k.to(q.dtype)
-                        v = v.to(q.dtype) * v_scale[:, None].to(q.dtype)
-                    elif DOT_FP32:
-                        k = k.to(tl.float32)
-                        v = v.to(tl.float32)
-                    if DOT_FP32:
-                        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-                    else:
-                        scores = tl.dot(q, tl.trans(k))  # [ROWS, BLOCK], fp32 accumulation
-                    scores = scores * scale
-                    if KV_FP8:
-                        scores = scores * k_scale[None, :]
+                    scores, v = block_scores(q, k, v, k_scale, v_scale, scale, DOT_FP32, KV_FP8)  # [ROWS, BLOCK]
                     scores = tl.where(offs_n[None, :] < limit[:, None], scores, float("-inf"))
                     m, l, acc = online_softmax_step(m, l, acc, scores, v, DOT_FP32)
         empty = l == 0.0  # a stream whose length ends before this split

@@ -94,6 +94,39 @@ def launch_choice(rows: int, kv_heads: int, fp8: bool) -> Launch:
 
 
 @triton.jit
+def dot_queries(q, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr):
+    """Queries in the dtype of the score dots: fp32 for fp32 inputs and the interpreter
+    (whose bf16 tl.dot is wrong), fp16 for FP8 caches (e4m3 -> fp16 is one instruction
+    per pair), else as stored."""
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    elif KV_FP8:
+        q = q.to(tl.float16)
+    return q
+
+
+@triton.jit
+def block_scores(q, k, v, k_scale, v_scale, scale, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr):
+    """A key block's scaled scores [R, N] (fp32) and its values as the P V dot takes them.
+    FP8 caches: the e4m3 codes go to q's dtype exactly, each value's scale multiplies its
+    values and each key's scale its scores (k_scale / v_scale [N]; unused otherwise)."""
+    if KV_FP8:
+        k = k.to(q.dtype)
+        v = v.to(q.dtype) * v_scale[:, None].to(q.dtype)  # the values themselves (exact: powers of two)
+    elif DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    if DOT_FP32:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))  # bf16 (fp16 for FP8 caches) tensor cores, fp32 accumulation
+    scores = scores * scale
+    if KV_FP8:
+        scores = scores * k_scale[None, :]
+    return scores, v
+
+
+@triton.jit
 def online_softmax_step(m, l, acc, scores, v, DOT_FP32: tl.constexpr):
     """One key block of an online softmax (flash attention): the block's scores [R, N]
     (-inf where a row must not see a key) and values [N, D] fold into each row's running
@@ -138,10 +171,7 @@ def _decode_attention_split_kernel(
     heads = kv_head * GROUP + offs_g
     real = offs_g < GROUP
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=real[:, None], other=0.0)
-    if DOT_FP32:
-        q = q.to(tl.float32)
-    elif KV_FP8:  # fp16 tensor cores: e4m3 -> fp16 is one instruction per pair
-        q = q.to(tl.float16)
+    q = dot_queries(q, DOT_FP32, KV_FP8)
 
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
@@ -173,25 +203,15 @@ def _decode_attention_split_kernel(
                 v_at = offs_n * stride_vl
             k = tl.load(k_row + k_at[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
             v = tl.load(v_row + v_at[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-            if KV_FP8:  # e4m3 -> fp16 / fp32 is exact; each key's scale multiplies its scores below
+            k_scale, v_scale = 1.0, 1.0  # FP8 caches only: each position's scales
+            if KV_FP8:
                 if SHARED_PREFIX:
                     k_scale = tl.load(ks_row + row_shift * (stride_kr // 4) + offs_n * (stride_kl // 4), mask=valid, other=0.0)
                     v_scale = tl.load(vs_row + row_shift * (stride_vr // 4) + offs_n * (stride_vl // 4), mask=valid, other=0.0)
                 else:
                     k_scale = tl.load(ks_row + offs_n * (stride_kl // 4), mask=valid, other=0.0)
                     v_scale = tl.load(vs_row + offs_n * (stride_vl // 4), mask=valid, other=0.0)
-                k = k.to(q.dtype)
-                v = v.to(q.dtype) * v_scale[:, None].to(q.dtype)  # the values themselves (exact: powers of two)
-            elif DOT_FP32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            if DOT_FP32:
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                scores = tl.dot(q, tl.trans(k))  # bf16 (fp16 for FP8 caches) tensor cores, fp32 accumulation
-            scores = scores * scale  # [G_PAD, BLOCK] fp32
-            if KV_FP8:
-                scores = scores * k_scale[None, :]
+            scores, v = block_scores(q, k, v, k_scale, v_scale, scale, DOT_FP32, KV_FP8)  # [G_PAD, BLOCK]
             scores = tl.where(valid[None, :], scores, float("-inf"))
             m, l, acc = online_softmax_step(m, l, acc, scores, v, DOT_FP32)
 

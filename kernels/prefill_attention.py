@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.decode_attention import online_softmax_step
+from kernels.decode_attention import block_scores, checked_args, dot_queries, online_softmax_step
 from kernels.pdl import launch_args, pdl_wait
 
 BLOCK_Q = 16  # new positions per program (x the head group: the tl.dot's rows)
@@ -73,8 +73,7 @@ def _prefill_attention_kernel(
     position = start + j  # [ROWS]: the keys a row sees are 0 .. position
     q = tl.load(q_ptr + b * stride_qb + j[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :],
                 mask=real[:, None], other=0.0)
-    if DOT_FP32:
-        q = q.to(tl.float32)
+    q = dot_queries(q, DOT_FP32, False)
 
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
@@ -91,11 +90,7 @@ def _prefill_attention_kernel(
         in_row = offs_n < end
         k = tl.load(k_row + offs_n[:, None] * stride_kl + offs_d[None, :], mask=in_row[:, None], other=0.0)
         v = tl.load(v_row + offs_n[:, None] * stride_vl + offs_d[None, :], mask=in_row[:, None], other=0.0)
-        if DOT_FP32:
-            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))  # tensor cores, fp32 accumulation
-        scores = scores * scale
+        scores, v = block_scores(q, k, v, 1.0, 1.0, scale, DOT_FP32, False)
         seen = (offs_n[None, :] <= position[:, None]) & in_row[None, :] & real[:, None]
         scores = tl.where(seen, scores, float("-inf"))
         m, l, acc = online_softmax_step(m, l, acc, scores, v, DOT_FP32)
@@ -114,23 +109,17 @@ def prefill_attention(
     cache and changes nothing else: each program's trip count comes from its own start
     and length on the device, so a CUDA graph captured once serves any of them."""
     b, s, h, d = q.shape
-    rows, cache_len, kv_heads, cache_d = k_cache.shape
+    rows, cache_len, kv_heads, _ = k_cache.shape
     if k_cache.dtype == torch.uint8 or v_cache.dtype == torch.uint8:
         raise ValueError("FP8 (packed) caches are read by kernels/decode_attention.py, not here")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q ({q.dtype}) and the caches ({k_cache.dtype} / {v_cache.dtype}) must share a dtype")
-    if k_cache.shape != v_cache.shape or cache_d != d:
-        raise ValueError(f"k/v caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
-    if h % kv_heads:
-        raise ValueError(f"{h} query heads are not a multiple of {kv_heads} KV heads")
+    # dtypes, shapes, head group, slots / lengths and strides: decode attention's checks,
+    # on the first new position's queries (the same heads and layout as every other's)
+    checked_args(q[:, 0], k_cache, v_cache, slots, lengths, None, None)
+    if d < 16:
+        raise ValueError(f"head dim ({d}) must be >= 16 (tl.dot)")
+    if starts.shape != (b,) or starts.dtype != torch.int64:
+        raise ValueError("starts must be int64 [batch]")
     group = h // kv_heads
-    if group & (group - 1) or d & (d - 1) or d < 16:
-        raise ValueError(f"head group ({group}) and head dim ({d}) must be powers of two (head dim >= 16)")
-    for name, t in (("slots", slots), ("starts", starts), ("lengths", lengths)):
-        if t.shape != (b,) or t.dtype != torch.int64:
-            raise ValueError(f"{name} must be int64 [batch]")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("the head dim must be contiguous in q and in the caches")
     max_length = max_length or cache_len
     if max_length > cache_len:
         raise ValueError(f"max_length {max_length} exceeds the cache length {cache_len}")
