@@ -69,8 +69,8 @@ class DecodeMeta:
     # (kernels/decode_attention.py, shared voice prefixes); None: every stream its own row
     prefix_rows: Tensor | None = None
     prefix_lens: Tensor | None = None
-    # with prefix rows: each voice's prompt attended once for all the streams of the step
-    # that read it (kernels/cascade_attention.py; the same attention up to rounding)
+    # set only with prefix rows: each voice's prompt attended once for all the streams of
+    # the step that read it (kernels/cascade_attention.py; the same attention up to rounding)
     cascade: bool = False
 
 
@@ -185,7 +185,7 @@ def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta)
         lengths = meta.lengths if meta.lengths is not None else meta.positions + 1
         out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, lengths, max_length=meta.kv_len,
                                prefix_rows=meta.prefix_rows, prefix_lens=meta.prefix_lens,
-                               cascade=meta.cascade and meta.prefix_rows is not None)
+                               cascade=meta.cascade)
         return out[:, None]
     keys = load_form(k_cache[meta.slots, : meta.kv_len], q.dtype)  # gather: [B, kv_len, K, Dh]
     values = load_form(v_cache[meta.slots, : meta.kv_len], q.dtype)

@@ -152,7 +152,7 @@ class DualARModel(nn.Module):
         attended once for the streams that share it (kernels/cascade_attention.py)."""
         rows, lens = prefix if prefix is not None and kernel else (None, None)
         meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv, positions + 1 if kernel else None, rows, lens,
-                          cascade)
+                          cascade and rows is not None)
         h, normed = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
         return self._head(h[:, 0], normed[:, 0])
 

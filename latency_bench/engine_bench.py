@@ -239,27 +239,24 @@ def main(argv=None) -> int:
         print(f"{b:>6} " + " ".join(
             f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
     runner_module.PDL_BATCHES = pdl_batches
+    def step_ratios(base_mode: str, mode: str) -> str:  # per batch, how much faster `mode`'s step is
+        base, new = results[base_mode]["decode"], results[mode]["decode"]
+        return ", ".join(f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches))
+
     for base_mode in ("graphs_no_pdl", "graphs_pdl_all"):
         if base_mode in results and "graphs" in results:
-            base, new = results[base_mode]["decode"], results["graphs"]["decode"]
             print(f"graphs (PDL at batch buckets {results['graphs']['pdl_buckets']}) against {base_mode} (step time "
-                  "ratio, higher is faster): " + ", ".join(
-                f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches)))
+                  f"ratio, higher is faster): {step_ratios(base_mode, 'graphs')}")
     for m in ("graphs", "graphs_cascade"):  # the shared voice prompt read once per voice, against own rows
         if a.shared_prefix and m in results and "graphs_own_rows" in results:
-            base, new = results["graphs_own_rows"]["decode"], results[m]["decode"]
             print(f"{m} ({'cascade' if m == 'graphs_cascade' else 'shared reads'}, a {a.shared_prefix}-position voice "
-                  "prompt) against graphs_own_rows (step time ratio, higher is faster): " + ", ".join(
-                f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches)))
+                  f"prompt) against graphs_own_rows (step time ratio, higher is faster): {step_ratios('graphs_own_rows', m)}")
     if "graphs_no_gemv" in results and "graphs" in results:
-        base, new = results["graphs_no_gemv"]["decode"], results["graphs"]["decode"]
-        print("graphs (GEMV at batch 1) against graphs_no_gemv (step time ratio, higher is faster): " + ", ".join(
-            f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches)))
+        print("graphs (GEMV at batch 1) against graphs_no_gemv (step time ratio, higher is faster): "
+              + step_ratios("graphs_no_gemv", "graphs"))
     for m in modes[len(modes) - len(kv_quants) + 1:]:  # each further KV layout against the same mode's first
         base = results[fastest]
-        ratios = ", ".join(f"batch {b} {base['decode'][i]['step_ms'] / results[m]['decode'][i]['step_ms']:.2f}x"
-                           for i, b in enumerate(batches))
-        print(f"{m} against {fastest} (step time ratio, higher is faster): {ratios}; KV per stream "
+        print(f"{m} against {fastest} (step time ratio, higher is faster): {step_ratios(fastest, m)}; KV per stream "
               f"{results[m]['kv_bytes_per_stream'] / 2**20:.1f} vs {base['kv_bytes_per_stream'] / 2**20:.1f} MiB")
     for m in modes:
         for pf in results[m]["prefill"]:
