@@ -30,3 +30,12 @@ def pytest_collection_modifyitems(config, items):
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle():
+    """The tiny random-weight model in fp32, on the GPU where there is one (the runner's
+    kernel tests run it compiled there and interpreted here)."""
+    from engine.bundle import load_bundle
+
+    return load_bundle("tiny", "cuda" if torch.cuda.is_available() else "cpu", torch.float32)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import engine.runner
-from engine.bundle import load_bundle
 from engine.runner import Runner
 from engine.sampling import SamplingParams
 
@@ -19,8 +18,8 @@ GREEDY = SamplingParams(temperature=0.0, allow_end=False)
 
 
 @pytest.fixture(scope="module")
-def bundle():
-    return load_bundle("tiny", DEVICE, torch.float32)
+def bundle(tiny_bundle):
+    return tiny_bundle
 
 
 @pytest.fixture(autouse=True)

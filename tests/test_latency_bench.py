@@ -83,6 +83,22 @@ def test_gate_passes_within_tolerance_and_fails_beyond():
     assert compare(ref, {"runs": {"engine": []}}) == ["no concurrency level in common with the reference"]
 
 
+def test_gate_takes_the_median_of_a_repeated_level():
+    ref = _results([70.0, 45.0, 20.0], [0.08, 0.28, 0.34])
+    slow_first = _results([70.0, 45.0, 15.0], [0.08, 0.28, 0.50])  # c=64 fails alone
+    again = _results([70.0, 45.0, 20.0], [0.08, 0.28, 0.34])["runs"]["engine"][2]
+    assert len(compare(ref, slow_first)) == 2
+    twice = copy.deepcopy(slow_first)
+    twice["runs"]["engine"].append(again)  # 64 twice: medians 17.5 frames/s, 0.42 s
+    assert [line.split(":")[0] for line in compare(ref, twice)] == ["c=64", "c=64"]
+    three = copy.deepcopy(twice)
+    three["runs"]["engine"].append(copy.deepcopy(again))  # medians 20.0, 0.34: passes
+    assert compare(ref, three) == []
+    # the order of the repeats does not decide it
+    three["runs"]["engine"].reverse()
+    assert compare(ref, three) == []
+
+
 def test_frozen_reference_is_well_formed():
     from pathlib import Path
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from engine.bundle import load_bundle
 from engine.runner import Runner
 from engine.sampling import SamplingParams
 
@@ -18,8 +17,8 @@ GREEDY = SamplingParams(temperature=0.0, allow_end=False)
 
 
 @pytest.fixture(scope="module")
-def bundle():
-    return load_bundle("tiny", DEVICE, torch.float32)
+def bundle(tiny_bundle):
+    return tiny_bundle
 
 
 def steps(runner: Runner, slots: list[int], n: int) -> list[np.ndarray]:
