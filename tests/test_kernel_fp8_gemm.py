@@ -14,6 +14,7 @@ import torch
 
 from kernels.fp8_gemm import (GemmConfig, _counter_buffers, _launch, check_scales, cublas_block_gemm, fp8_gemm,
                               fp8_gemm_reference, fp8_linear, fp8_linear_reference, gemm_config)
+from cuda_capture import capture_without_syncs
 from kernels.fp8_configs import TUNED
 from kernels.fp8_quant import quantize_act, quantize_act_reference, quantize_weight, swiglu_quant
 
@@ -454,16 +455,7 @@ def test_graph_replay_matches_eager_without_syncs():
     def step():
         return fp8_gemm(*quantize_act(static_x), b, b_s)
 
-    step()  # compile outside the capture
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()  # the launchers never wait on the device
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = step()
+    graph, static_out = capture_without_syncs(step)
     static_x.copy_(torch.randn_like(x))
     graph.replay()
     torch.testing.assert_close(static_out, step(), rtol=0, atol=0)
@@ -484,16 +476,7 @@ def test_one_launch_linear_and_swiglu_replay_in_a_graph():
         gu = fp8_linear(static_x, b, b_s, config=split)  # [4, 9728]: gate | up of width 4864
         return gu, fp8_linear(gu, b2, b2_s, swiglu=True, config=split)
 
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_gu, static_out = step()
+    graph, (static_gu, static_out) = capture_without_syncs(step)
     static_x.copy_(torch.randn_like(static_x))
     for _ in range(3):
         graph.replay()

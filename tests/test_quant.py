@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from cuda_capture import capture_without_syncs
 from engine.bundle import load_bundle
 from engine.config import PRESETS
 from engine.kv_cache import FastCache, KVCache
@@ -220,16 +221,7 @@ def test_fp8_layers_capture_in_a_cuda_graph():
     def step():
         return lin(x), ff(x)
 
-    step()  # compile outside the capture
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()  # the launchers never wait on the device
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    graph, outs = capture_without_syncs(step)
     x.copy_(torch.randn_like(x))
     graph.replay()
     for got, want in zip(outs, step()):
