@@ -2,9 +2,19 @@
 
 `capture(fn, stream, pool)` runs `fn` eagerly `warmups` times on `stream` (Triton
 compilation, the caching allocator's blocks, cuBLAS handles and cuDNN plans happen
-outside the capture), then records one call into a new graph in `pool`. Capture mode is
-thread-local, so another thread's CUDA calls cannot invalidate it. Returns the graph and
-what the recorded call returned (its tensors are the graph's static outputs).
+outside the capture), then records one call into a new graph in `pool`, and replays it
+once. Capture mode is thread-local, so another thread's CUDA calls cannot invalidate it.
+Returns the graph and what the recorded call returned (its tensors are the graph's
+static outputs).
+
+Why the replay: PyTorch instantiates a captured graph but does not upload it; the CUDA
+driver uploads an executable graph to the device on its first launch (`cudaGraphUpload`
+does it ahead of time), so without a replay here the first request that needs a given
+batch size's graph pays that cost on its step, inside the service's first load (every
+c=64 pair measured so far had its longest TTFA tail in the server's first run).
+`python -m latency_bench.first_replay` times first against later launches of the
+engine's graphs with the replay off. Every caller's static inputs point at scratch rows
+while capturing, so the replay, like the warm-ups, touches no stream's state.
 """
 
 from __future__ import annotations
@@ -12,6 +22,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
+# off only for latency_bench.first_replay, which times the first launch itself
+REPLAY_AFTER_CAPTURE = True
 
 
 def capture(fn: Callable[[], Any], stream: torch.cuda.Stream, pool, warmups: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
@@ -21,4 +34,6 @@ def capture(fn: Callable[[], Any], stream: torch.cuda.Stream, pool, warmups: int
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             out = fn()
+        if REPLAY_AFTER_CAPTURE:
+            graph.replay()
     return graph, out

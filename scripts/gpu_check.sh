@@ -52,6 +52,7 @@
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
 #   bash scripts/gpu_check.sh issue5ab   # load c=64x2: bf16 and FP8, each with the codec and with --codec-silent (no codec work), same call (~9 min)
+#   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -691,6 +692,19 @@ arms)
         --shared-prefix 340 --prefill-attention blocked,per-query --steps 30 --context 800 --max-len 1536 \
         --prompt-lengths 300 --out "$out/engine_arms" 2>&1 | grep -v Warn | tee "$out/engine_arms.log" | grep -v "prefill [ 0-9]* tokens"
     ab_loads arms 64,64 ${LOAD_S:-220} ${VARIANTS:-fp8:--quant=fp8 cascade:--quant=fp8,--prefix-cascade}
+    ;;
+firstreplay)
+    # engine/graphs.py replays every graph once after capturing it (the driver uploads a
+    # graph on its first launch): what that first launch costs per graph family with the
+    # replay off, bf16 and FP8 with PDL on every decode graph (whose first c=64 run had a
+    # second-long tail, RESULTS.md), then the graph paths' GPU tests with the replay on
+    # and the FP8 load at c=64 twice (does the server's first run still have the longest tail?)
+    timeout 130 python3 -m latency_bench.first_replay --out "$out/first_replay_bf16" 2>&1 | grep -v Warn | tail -3
+    timeout 130 python3 -m latency_bench.first_replay --quant fp8 --pdl-all-batches --out "$out/first_replay_fp8_pdlall" \
+        2>&1 | grep -v Warn | tail -3
+    timeout 120 python3 -m pytest -q --tb=short -rfE tests/test_gpu.py tests/test_shared_prefix.py tests/test_chunked_prefill.py \
+        > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
+    ab_loads firstreplay 64,64 ${LOAD_S:-170} ${VARIANTS:-fp8:--quant=fp8}
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms

@@ -218,3 +218,20 @@ def test_codec_graphs_hand_out_a_replys_held_back_audio(barge_in):
         check_held_back_audio(torch.device("cuda"), barge_in, tol=1e-4)
     finally:
         torch.backends.cudnn.allow_tf32 = tf32
+
+
+def test_first_replay_times_every_graph_family(tmp_path):
+    """latency_bench.first_replay on the tiny model: every decode, prefill and codec graph
+    launched three times and timed, with the replay after capture off only for it."""
+    import json
+
+    from engine import graphs
+    from latency_bench.first_replay import LAUNCHES, main
+
+    assert main(["--model", "tiny", "--max-running", "4", "--max-len", "256", "--out", str(tmp_path)]) == 0
+    assert graphs.REPLAY_AFTER_CAPTURE  # back on for everything after it
+    result = json.loads((tmp_path / "first_replay.json").read_text())
+    for name in ("decode", "prefill", "codec"):
+        timed = result[name]["graphs"]
+        assert timed and all(len(t) == LAUNCHES and min(t) > 0 for t in timed.values())
+    assert set(result["decode"]["graphs"]) == {f"batch {b}" for b in (1, 2, 4)}
