@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgpack
 import websockets
 
-from latency_bench.stats import TurnRecord
+from latency_bench.stats import ConnectionResult, TurnRecord
 
 SENTENCES = [
     "Thanks for calling, how can I help you today?",
@@ -59,15 +59,6 @@ class Workload:
         elif self.reference:
             req["references"] = [{"audio": self.reference[0], "text": self.reference[1]}]
         return req
-
-
-@dataclass(slots=True)
-class ConnectionResult:
-    index: int
-    open_to_ready: float | None = None
-    turns: list[TurnRecord] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    voice_cached: bool | None = None
 
 
 class _Progress:

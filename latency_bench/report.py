@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from latency_bench.loadgen import ConnectionResult
-from latency_bench.stats import summary, underruns
+from latency_bench.stats import ConnectionResult, summary, underruns
 
 
 def aggregate(concurrency: int, results: list[ConnectionResult], wall_s: float, hop_s: float) -> dict:

@@ -97,3 +97,15 @@ class TurnRecord:
         span = self.chunks[-1][0] - self.chunks[0][0]
         frames_after_first = (self.audio_seconds - self.chunks[0][1]) / hop_seconds
         return frames_after_first / span if span > 0 else None
+
+
+@dataclass(slots=True)
+class ConnectionResult:
+    """One simulated connection's measurements (latency_bench/loadgen.py fills it); kept
+    here, beside TurnRecord, so that aggregating results needs no network packages."""
+
+    index: int
+    open_to_ready: float | None = None
+    turns: list[TurnRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    voice_cached: bool | None = None

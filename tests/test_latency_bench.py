@@ -12,8 +12,7 @@ import torch
 
 from latency_bench.gate import compare
 from latency_bench.report import aggregate
-from latency_bench.loadgen import ConnectionResult
-from latency_bench.stats import TurnRecord, percentile, summary, underruns
+from latency_bench.stats import ConnectionResult, TurnRecord, percentile, summary, underruns
 
 HOP_S = 2048 / 44100
 
@@ -138,15 +137,17 @@ def test_cpu_sweep_writes_table_json_and_plot(tmp_path):
 
 def test_gpu_side_benchmarks_need_no_service_packages():
     """The GPU machine's image lacks websockets, starlette, uvicorn, msgpack and PyAV unless
-    their wheels travel: the engine, kernel and profiling benchmarks must run without them
-    (an engine bench call there failed on `import websockets` once)."""
+    their wheels travel: the engine, kernel and profiling benchmarks, the gate and the
+    report must run without them (an engine bench call there failed on `import
+    websockets` once)."""
     import subprocess
     import sys
 
     code = ("import sys\n"
             "for m in ('websockets', 'starlette', 'uvicorn', 'msgpack', 'av'): sys.modules[m] = None\n"
             "import latency_bench.engine_bench, latency_bench.kernel_bench, latency_bench.kernel_sweep\n"
-            "import latency_bench.profile_step, latency_bench.profile_codec\n")
+            "import latency_bench.profile_step, latency_bench.profile_codec, latency_bench.first_replay\n"
+            "import latency_bench.gate, latency_bench.report\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
 
