@@ -50,12 +50,13 @@ def compare(reference: dict, current: dict, run: str = "engine", only: list[int]
         return ["no concurrency level in common with the reference"]
     failures = []
     for c in common:
+        runs = f" (median of {cur[c]['runs']} runs)" if cur[c]["runs"] > 1 else ""
         r_fps, c_fps = ref[c]["fps"], cur[c]["fps"]
         if r_fps and (c_fps is None or c_fps < r_fps * (1 - MAX_FPS_DROP)):
-            failures.append(f"c={c}: per-stream frames/s {c_fps} < {r_fps:.1f} - {MAX_FPS_DROP:.0%}")
+            failures.append(f"c={c}: per-stream frames/s {c_fps} < {r_fps:.1f} - {MAX_FPS_DROP:.0%}{runs}")
         r_ttfa, c_ttfa = ref[c]["ttfa"], cur[c]["ttfa"]
         if r_ttfa and (c_ttfa is None or c_ttfa > r_ttfa * (1 + MAX_TTFA_RISE)):
-            failures.append(f"c={c}: TTFA p50 {1000 * (c_ttfa or 0):.0f} ms > {1000 * r_ttfa:.0f} ms + {MAX_TTFA_RISE:.0%}")
+            failures.append(f"c={c}: TTFA p50 {1000 * (c_ttfa or 0):.0f} ms > {1000 * r_ttfa:.0f} ms + {MAX_TTFA_RISE:.0%}{runs}")
     return failures
 
 
