@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     bundle = load_bundle(a.model, a.device, quant=a.quant)
     graphs.REPLAY_AFTER_CAPTURE = False
     try:
-        runner = Runner(bundle, a.max_running, a.max_len, pdl_all_batches=a.pdl_all_batches)
+        # as the service builds them by default (engine/engine.py): shared voice prefix reads on
+        runner = Runner(bundle, a.max_running, a.max_len, pdl_all_batches=a.pdl_all_batches, shared_prefix=True)
         worker = CodecWorker(bundle.codec, a.max_running + 1)
         worker.warm_up()
     finally:
