@@ -239,6 +239,7 @@ def main(argv=None) -> int:
         print(f"{b:>6} " + " ".join(
             f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
     runner_module.PDL_BATCHES = pdl_batches
+
     def step_ratios(base_mode: str, mode: str) -> str:  # per batch, how much faster `mode`'s step is
         base, new = results[base_mode]["decode"], results[mode]["decode"]
         return ", ".join(f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches))
