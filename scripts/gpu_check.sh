@@ -52,6 +52,7 @@
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
 #   bash scripts/gpu_check.sh issue5ab   # load c=64x2: bf16 and FP8, each with the codec and with --codec-silent (no codec work), same call (~9 min)
+#   bash scripts/gpu_check.sh firsttail  # where the server's first c=64 run's tail goes: per-turn timing, GC pauses, stalled-loop stacks, client loop lag; FP8 c=64x2 (~4 min)
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
@@ -705,6 +706,20 @@ firstreplay)
     timeout 120 python3 -m pytest -q --tb=short -rfE tests/test_gpu.py tests/test_shared_prefix.py tests/test_chunked_prefill.py \
         > "$out/gpu_tests.log" 2>&1; grep "passed\|failed\|error" "$out/gpu_tests.log" | tail -3
     ab_loads firstreplay 64,64 ${LOAD_S:-170} ${VARIANTS:-fp8:--quant=fp8}
+    ;;
+firsttail)
+    # the server's first c=64 run after start has had the longest TTFA tail and most
+    # underruns (2026-12-06 on the H200, FP8: p99 1,014 ms and 28 underruns, then 83 ms
+    # and 0; not when c=1 and c=16 ran first), and replaying every graph after capture
+    # did not remove it: where those turns' time went (--log-timing: say -> prefill ->
+    # first audio, per run), the server's GC pauses and stalled-loop stacks
+    # (--debug-stalls), the client's own loop lag (results.json), FP8 c=64 twice
+    load firsttail-fp8 none 64,64 ${LOAD_S:-200} --quant=fp8 --log-timing --debug-stalls
+    shares_lines "$out/firsttail-fp8.json"
+    python3 -c "import json; [print('  client loop lag', lv.get('client_loop_lag_s')) for lv in json.load(open('$out/firsttail-fp8.json'))['runs']['engine']]"
+    cp /tmp/load-firsttail-fp8/*.log "$out/" 2>/dev/null
+    grep "turn " /tmp/load-firsttail-fp8/server-engine.log | python3 scripts/turn_timing.py 192,192
+    grep -i "stall\|gc \|gc:\|sampler\|lag" /tmp/load-firsttail-fp8/server-engine.log | head -40
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
