@@ -719,7 +719,7 @@ firsttail)
     python3 -c "import json; [print('  client loop lag', lv.get('client_loop_lag_s')) for lv in json.load(open('$out/firsttail-fp8.json'))['runs']['engine']]"
     cp /tmp/load-firsttail-fp8/*.log "$out/" 2>/dev/null
     grep "turn " /tmp/load-firsttail-fp8/server-engine.log | python3 scripts/turn_timing.py 192,192
-    grep -i "stall\|gc \|gc:\|sampler\|lag" /tmp/load-firsttail-fp8/server-engine.log | head -40
+    grep -i "stall\|samples\|lag" /tmp/load-firsttail-fp8/server-engine.log | head -60
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
