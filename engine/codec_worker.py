@@ -266,33 +266,56 @@ class CodecWorker:
                 return
 
     def _process(self, items: list) -> bool:
-        """Take in queued items (in order) and decode every stream's frames that are due."""
-        for item in _flat(items):
+        """Take in queued items (in order) and decode every stream's frames that are due.
+
+        A stream's frames always precede its later items (segment end, reset, cut), so
+        before such an item its held frames are decoded. A run of such items with no frame
+        between them (the decode thread queues one end per stream whose segment ended in a
+        step) is flushed as one batch across its streams. Flushed one stream at a time, 64
+        turns that ended in the same step cost ~190 batch-1 calls: measured on an H100
+        (2026-12-06, FP8, c=64, the server's first run, where the turns ran in step), the
+        next turns' first audio waited behind them, prefill-to-audio 477 ms at the median
+        and 850 at worst against 15 ms on the next run."""
+        flat = list(_flat(items))
+        i = 0
+        while i < len(flat):
+            item = flat[i]
             if isinstance(item, _Frame):
                 held = self._held.get(item.slot)
                 if held and held[0].turn != item.turn:  # a new turn: the old one's frames first
                     self._flush([item.slot])
                 self._held.setdefault(item.slot, []).append(item)
+                i += 1
                 continue
             if item is _STOP:
                 self._flush(list(self._held))
                 return True
-            self._flush([item.slot])  # a stream's frames always precede its later items
-            self._leads.pop(item.slot, None)  # a segment end or a new stream: the next turn starts afresh
-            if isinstance(item, _Reset):
-                with self._on_stream():
-                    self.decoder.reset(item.slot)
-            elif isinstance(item, _Cut):
-                self._drain(item.slot)
-            else:
-                # the segment's last audio (what the decoder held back for frames that
-                # will not come), then its end
-                pcm = self._drain(item.slot)
-                if pcm is not None and item.owner.wanted(item.turn):
-                    item.owner.audio(item.turn, pcm)
-                item.owner.segment_end(item.turn, item.reason)
+            end = i
+            while end < len(flat) and not isinstance(flat[end], _Frame) and flat[end] is not _STOP:
+                end += 1
+            run, i = flat[i:end], end
+            self._flush(list(dict.fromkeys(it.slot for it in run)))  # one batch, in stream order
+            for it in run:
+                self._stream_item(it)
         self._decode_due(self.clock())
         return False
+
+    def _stream_item(self, item: _Reset | _Cut | _End) -> None:
+        """A stream's item, once its frames are decoded: a reset, a cut (barge-in) or a
+        segment end."""
+        self._leads.pop(item.slot, None)  # a segment end or a new stream: the next turn starts afresh
+        if isinstance(item, _Reset):
+            with self._on_stream():
+                self.decoder.reset(item.slot)
+        elif isinstance(item, _Cut):
+            self._drain(item.slot)
+        else:
+            # the segment's last audio (what the decoder held back for frames that
+            # will not come), then its end
+            pcm = self._drain(item.slot)
+            if pcm is not None and item.owner.wanted(item.turn):
+                item.owner.audio(item.turn, pcm)
+            item.owner.segment_end(item.turn, item.reason)
 
     @torch.inference_mode()
     def _drain(self, slot: int) -> np.ndarray | None:

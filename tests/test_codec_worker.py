@@ -183,6 +183,54 @@ def test_a_first_frame_overtakes_another_streams_backlog(codec):
     assert order == ["a", "b", "a", "a"]
 
 
+def test_turns_ending_in_one_step_are_flushed_in_one_batch(codec):
+    """The decode thread queues one end per stream whose turn ended in a step; their held
+    frames go out batched across the streams (as many calls as one stream's flush), each
+    stream's audio before its end and the next turn's first frame after it."""
+    worker, clock = make_worker(codec, 0.3, streams=8)
+    hop = codec.hop_length
+    events: list[tuple[str, int, int]] = []
+
+    class Logged(Listener):
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+        def audio(self, turn: int, pcm: np.ndarray) -> None:
+            super().audio(turn, pcm)
+            events.append(("audio", self.index, turn))
+
+        def segment_end(self, turn: int, reason: str) -> None:
+            super().segment_end(turn, reason)
+            events.append(("end", self.index, turn))
+
+    listeners = [Logged(i) for i in range(8)]
+    codes = np.random.default_rng(4).integers(0, 64, (14, codec.num_codebooks))
+    for i in range(14):  # one decode step after another, far ahead of real time: most are held
+        worker._process([[_Frame(listeners[s], s, 1, codes[i]) for s in range(8)]])
+    held = sum(len(frames) for frames in worker._held.values())
+    assert held >= 8 * 2  # frames wait to go out a full chunk at a time
+    # how many calls one stream's flush takes
+    alone, _ = make_worker(codec, 0.3, streams=1)
+    one = Listener()
+    for i in range(14):
+        alone._process([_Frame(one, 0, 1, codes[i])])
+    before = alone.calls
+    alone._process([_End(one, 0, 1, "end")])
+    one_stream_calls = alone.calls - before
+
+    before = worker.calls
+    events.clear()
+    worker._process([_End(listeners[s], s, 1, "end") for s in range(8)]
+                    + [[_Frame(listeners[s], s, 2, codes[0]) for s in range(8)]])
+    assert worker.calls - before == one_stream_calls + 1  # the flush, then the next turns' first frames
+    for s, listener in enumerate(listeners):
+        mine = [e for e in events if e[1] == s]
+        assert mine[-2:] == [("end", s, 1), ("audio", s, 2)]
+        assert all(e == ("audio", s, 1) for e in mine[:-2])
+        assert sum(listener.chunks) == 15 * hop and listener.ends == ["end"]
+
+
 def _one_pass(worker: CodecWorker) -> None:
     """One pass of the worker's loop (_run) without waiting: what it took into its inbox
     mid-round first, then everything queued."""
