@@ -713,13 +713,16 @@ firsttail)
     # and 0; not when c=1 and c=16 ran first), and replaying every graph after capture
     # did not remove it: where those turns' time went (--log-timing: say -> prefill ->
     # first audio, per run), the server's GC pauses and stalled-loop stacks
-    # (--debug-stalls), the client's own loop lag (results.json), FP8 c=64 twice
-    load firsttail-fp8 none 64,64 ${LOAD_S:-200} --quant=fp8 --log-timing --debug-stalls
-    shares_lines "$out/firsttail-fp8.json"
-    python3 -c "import json; [print('  client loop lag', lv.get('client_loop_lag_s')) for lv in json.load(open('$out/firsttail-fp8.json'))['runs']['engine']]"
-    cp /tmp/load-firsttail-fp8/*.log "$out/" 2>/dev/null
-    grep "turn " /tmp/load-firsttail-fp8/server-engine.log | python3 scripts/turn_timing.py 192,192
-    grep -i "stall\|samples\|lag" /tmp/load-firsttail-fp8/server-engine.log | head -60
+    # (--debug-stalls), the client's own loop lag (results.json), c=64 twice in FP8
+    # (QUANTS="fp8 none": bf16 too, a server each)
+    for q in ${QUANTS:-fp8}; do
+        load firsttail-$q none 64,64 ${LOAD_S:-200} --quant=$q --log-timing --debug-stalls
+        shares_lines "$out/firsttail-$q.json"
+        python3 -c "import json; [print('  client loop lag', lv.get('client_loop_lag_s')) for lv in json.load(open('$out/firsttail-$q.json'))['runs']['engine']]"
+        cp /tmp/load-firsttail-$q/server-engine.log "$out/server-engine-$q.log" 2>/dev/null
+        grep "turn " /tmp/load-firsttail-$q/server-engine.log | python3 scripts/turn_timing.py 192,192
+        grep -i "stall\|samples\|lag" /tmp/load-firsttail-$q/server-engine.log | head -30
+    done
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
