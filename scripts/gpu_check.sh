@@ -52,7 +52,7 @@
 #                                        # choices without warp specialization vs the current table and cuBLAS at M = ${TMA_M:-1} (~7 min)
 #   bash scripts/gpu_check.sh swiglu     # the MLP's SwiGLU in the gate/up GEMM: FP8 GPU tests, kernel table + MLP block, engine step fp8 vs fp8-swiglu-epilogue (~6 min)
 #   bash scripts/gpu_check.sh issue5ab   # load c=64x2: bf16 and FP8, each with the codec and with --codec-silent (no codec work), same call (~9 min)
-#   bash scripts/gpu_check.sh firsttail  # where the server's first c=64 run's tail goes: per-turn timing, GC pauses, stalled-loop stacks, client loop lag; FP8 c=64x2 (~4 min)
+#   bash scripts/gpu_check.sh firsttail  # where the server's first c=64 run's tail goes: per-turn timing, GC pauses, stalled-loop stacks, client loop lag; FP8 c=64x2 (~2 min; QUANTS="fp8 none" adds bf16, ~4 min)
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
