@@ -31,6 +31,23 @@ class Listener:
         self.ends.append(reason)
 
 
+class Logged(Listener):
+    """Appends ("audio" | "end", name, turn) to a log shared by several streams, in the
+    order the worker calls back."""
+
+    def __init__(self, name, log: list) -> None:
+        super().__init__()
+        self.name, self.log = name, log
+
+    def audio(self, turn: int, pcm: np.ndarray) -> None:
+        super().audio(turn, pcm)
+        self.log.append(("audio", self.name, turn))
+
+    def segment_end(self, turn: int, reason: str) -> None:
+        super().segment_end(turn, reason)
+        self.log.append(("end", self.name, turn))
+
+
 @pytest.fixture(scope="module")
 def codec():
     return load_bundle("tiny", "cpu", torch.float32).codec
@@ -159,28 +176,22 @@ def test_a_first_frame_overtakes_another_streams_backlog(codec):
     """A backlog goes out one round (one chunk per stream) at a time, so a turn's first
     frame queued meanwhile is decoded in the next round, not after the whole backlog."""
     worker, clock = make_worker(codec, None)  # nothing held back: every frame is due
-    order: list[str] = []
+    log: list[tuple[str, str, int]] = []
+    a, b = Logged("a", log), Logged("b", log)
 
-    class Named(Listener):
-        def __init__(self, name: str) -> None:
-            super().__init__()
-            self.name = name
+    def order() -> list[str]:
+        return [name for kind, name, _ in log if kind == "audio"]
 
-        def audio(self, turn: int, pcm: np.ndarray) -> None:
-            super().audio(turn, pcm)
-            order.append(self.name)
-
-    a, b = Named("a"), Named("b")
     codes = np.random.default_rng(2).integers(0, 64, (12, codec.num_codebooks))
     worker._process([[_Frame(a, 0, 1, c) for c in codes]])  # one decode step's worth: 12 frames of a
-    assert order == ["a"] and a.chunks == [CHUNKS[0] * codec.hop_length]  # one round: a's first chunk
+    assert order() == ["a"] and a.chunks == [CHUNKS[0] * codec.hop_length]  # one round: a's first chunk
     assert worker._next_deadline() == 0.0  # a's frames are still due
     worker._process([_Frame(b, 1, 1, codes[0])])  # b's first frame arrives
-    assert order == ["a", "b", "a"]  # b (a single frame: smallest chunk first) before a's next chunk
+    assert order() == ["a", "b", "a"]  # b (a single frame: smallest chunk first) before a's next chunk
     while worker._next_deadline() is not None:
         worker._process([])
     assert sum(a.chunks) == 12 * codec.hop_length and b.chunks == [codec.hop_length]
-    assert order == ["a", "b", "a", "a"]
+    assert order() == ["a", "b", "a", "a"]
 
 
 def test_turns_ending_in_one_step_are_flushed_in_one_batch(codec):
@@ -190,21 +201,7 @@ def test_turns_ending_in_one_step_are_flushed_in_one_batch(codec):
     worker, clock = make_worker(codec, 0.3, streams=8)
     hop = codec.hop_length
     events: list[tuple[str, int, int]] = []
-
-    class Logged(Listener):
-        def __init__(self, index: int) -> None:
-            super().__init__()
-            self.index = index
-
-        def audio(self, turn: int, pcm: np.ndarray) -> None:
-            super().audio(turn, pcm)
-            events.append(("audio", self.index, turn))
-
-        def segment_end(self, turn: int, reason: str) -> None:
-            super().segment_end(turn, reason)
-            events.append(("end", self.index, turn))
-
-    listeners = [Logged(i) for i in range(8)]
+    listeners = [Logged(i, events) for i in range(8)]
     codes = np.random.default_rng(4).integers(0, 64, (14, codec.num_codebooks))
     for i in range(14):  # one decode step after another, far ahead of real time: most are held
         worker._process([[_Frame(listeners[s], s, 1, codes[i]) for s in range(8)]])
