@@ -272,10 +272,12 @@ class CodecWorker:
         before such an item its held frames are decoded. A run of such items with no frame
         between them (the decode thread queues one end per stream whose segment ended in a
         step) is flushed as one batch across its streams. Flushed one stream at a time, 64
-        turns that ended in the same step cost ~190 batch-1 calls: measured on an H100
-        (2026-12-06, FP8, c=64, the server's first run, where the turns ran in step), the
-        next turns' first audio waited behind them, prefill-to-audio 477 ms at the median
-        and 850 at worst against 15 ms on the next run."""
+        turns that ended in the same step cost up to ~190 batch-1 calls, and the next
+        turns' first frames queued behind them: on an H100 (2026-12-06, FP8, c=64, the
+        server's first run, whose turns ran in step) the second turns' prefill-to-audio
+        was 477 ms at the median and 850 at worst against 15 ms on the next run (that
+        cause is read from the log and the code; this batching is not yet measured on a
+        GPU: `bash scripts/gpu_check.sh firsttail`)."""
         flat = list(_flat(items))
         i = 0
         while i < len(flat):

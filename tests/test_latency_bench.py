@@ -124,6 +124,7 @@ def test_cpu_sweep_writes_table_json_and_plot(tmp_path):
     for lv in data["runs"]["engine"]:
         assert lv["errors"] == 0 and lv["turns"] == 2 * lv["concurrency"]
         assert lv["ttfa_s"]["p50"] > 0 and lv["frames_per_s"] > 0
+        assert 0 <= lv["client_loop_lag_s"]["p99"] <= lv["client_loop_lag_s"]["max"]  # the client's own lag
         # where the time went: every frame after a turn's first two (the prefill thread's)
         # came from a decode step, and the decode thread's phases account for the level's
         # wall time
