@@ -278,46 +278,45 @@ class CodecWorker:
         was 477 ms at the median and 850 at worst against 15 ms on the next run (that
         cause is read from the log and the code; this batching is not yet measured on a
         GPU: `bash scripts/gpu_check.sh firsttail`)."""
-        flat = list(_flat(items))
-        i = 0
-        while i < len(flat):
-            item = flat[i]
-            if isinstance(item, _Frame):
-                held = self._held.get(item.slot)
-                if held and held[0].turn != item.turn:  # a new turn: the old one's frames first
-                    self._flush([item.slot])
-                self._held.setdefault(item.slot, []).append(item)
-                i += 1
+        run: list[_Reset | _Cut | _End] = []  # stream items queued since the last frame
+        for item in _flat(items):
+            if isinstance(item, (_Reset, _Cut, _End)):
+                run.append(item)
                 continue
+            self._stream_items(run)  # before anything queued after them
+            run = []
             if item is _STOP:
                 self._flush(list(self._held))
                 return True
-            end = i
-            while end < len(flat) and not isinstance(flat[end], _Frame) and flat[end] is not _STOP:
-                end += 1
-            run, i = flat[i:end], end
-            self._flush(list(dict.fromkeys(it.slot for it in run)))  # one batch, in stream order
-            for it in run:
-                self._stream_item(it)
+            held = self._held.get(item.slot)
+            if held and held[0].turn != item.turn:  # a new turn: the old one's frames first
+                self._flush([item.slot])
+            self._held.setdefault(item.slot, []).append(item)
+        self._stream_items(run)
         self._decode_due(self.clock())
         return False
 
-    def _stream_item(self, item: _Reset | _Cut | _End) -> None:
-        """A stream's item, once its frames are decoded: a reset, a cut (barge-in) or a
-        segment end."""
-        self._leads.pop(item.slot, None)  # a segment end or a new stream: the next turn starts afresh
-        if isinstance(item, _Reset):
-            with self._on_stream():
-                self.decoder.reset(item.slot)
-        elif isinstance(item, _Cut):
-            self._drain(item.slot)
-        else:
-            # the segment's last audio (what the decoder held back for frames that
-            # will not come), then its end
-            pcm = self._drain(item.slot)
-            if pcm is not None and item.owner.wanted(item.turn):
-                item.owner.audio(item.turn, pcm)
-            item.owner.segment_end(item.turn, item.reason)
+    def _stream_items(self, run: list[_Reset | _Cut | _End]) -> None:
+        """Stream items queued with no frame between them: their streams' held frames in
+        one batch, then each item in order (a reset, a cut from a barge-in, or a segment
+        end)."""
+        if not run:
+            return
+        self._flush(list(dict.fromkeys(item.slot for item in run)))
+        for item in run:
+            self._leads.pop(item.slot, None)  # a segment end or a new stream: the next turn starts afresh
+            if isinstance(item, _Reset):
+                with self._on_stream():
+                    self.decoder.reset(item.slot)
+            elif isinstance(item, _Cut):
+                self._drain(item.slot)
+            else:
+                # the segment's last audio (what the decoder held back for frames that
+                # will not come), then its end
+                pcm = self._drain(item.slot)
+                if pcm is not None and item.owner.wanted(item.turn):
+                    item.owner.audio(item.turn, pcm)
+                item.owner.segment_end(item.turn, item.reason)
 
     @torch.inference_mode()
     def _drain(self, slot: int) -> np.ndarray | None:

@@ -98,13 +98,12 @@ def sweep(url: str, levels: list[int], w: Workload, ramp: float, name: str) -> l
     for c in levels:
         print(f"[{name}] {c} connection(s)", file=sys.stderr, flush=True)
         before = scrape(counters)
-        results, wall, lags = asyncio.run(run_level(c, w, ramp, log=lambda m: print(m, file=sys.stderr, flush=True)))
+        results, wall, lag = asyncio.run(run_level(c, w, ramp, log=lambda m: print(m, file=sys.stderr, flush=True)))
         after = scrape(counters)
         level = aggregate(c, results, wall, w.hop_length / w.codec_rate)
         # a client that stalled would have stamped its own receive times late: kept beside
         # the TTFA and underruns it would have inflated
-        if lags:
-            level["client_loop_lag_s"] = {"p99": lags[int(0.99 * (len(lags) - 1))], "max": lags[-1]}
+        level["client_loop_lag_s"] = lag
         # where the service's time went (engine counters around the level)
         shares = level_shares(before, after, wall) if before and after else None
         if shares is not None:

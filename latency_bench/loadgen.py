@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgpack
 import websockets
 
-from latency_bench.stats import ConnectionResult, TurnRecord
+from latency_bench.stats import ConnectionResult, TurnRecord, summary
 
 SENTENCES = [
     "Thanks for calling, how can I help you today?",
@@ -159,7 +159,8 @@ async def _next(ws, result: ConnectionResult) -> dict:
 
 async def run_level(concurrency: int, w: Workload, ramp_s: float, report_every_s: float = 1.0, log=print):
     """Run `concurrency` connections (arrivals spread over `ramp_s`); returns their results,
-    the wall time of the level and this client's event-loop lags (seconds, sorted)."""
+    the wall time of the level and the summary of this client's event-loop lags (seconds;
+    None if the level ended before the first was taken)."""
     progress = _Progress()
     start = time.perf_counter()
     tasks = [
@@ -175,11 +176,11 @@ async def run_level(concurrency: int, w: Workload, ramp_s: float, report_every_s
             log(f"  c={concurrency}: {time.perf_counter() - start:5.1f}s active={progress.active} "
                 f"turns={progress.turns_done}/{concurrency * w.turns} errors={progress.errors}")
     monitor.cancel()
-    lags.sort()
-    if log and lags:
-        log(f"  c={concurrency}: client event-loop lag p99 {1000 * lags[int(0.99 * (len(lags) - 1))]:.1f} ms, "
-            f"max {1000 * lags[-1]:.1f} ms (a busy client would delay its own timestamps)")
-    return done.result(), time.perf_counter() - start, lags
+    lag = summary(lags) if lags else None
+    if log and lag:
+        log(f"  c={concurrency}: client event-loop lag p99 {1000 * lag['p99']:.1f} ms, "
+            f"max {1000 * lag['max']:.1f} ms (a busy client would delay its own timestamps)")
+    return done.result(), time.perf_counter() - start, lag
 
 
 async def _loop_lag(lags: list[float], period_s: float = 0.01) -> None:
