@@ -153,7 +153,7 @@ class CodecWorker:
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
         snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
         release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False,
-        bucket_step: int = 0, silent: bool = False,
+        bucket_step: int = 0, silent: bool = False, busy_streams: int = 0, busy_first_frames: int = 2,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         if first_frames not in self.chunks:
@@ -161,6 +161,14 @@ class CodecWorker:
         # frames a turn's first audio waits for (1: the first frame goes out alone; 2: a
         # player starts with two frames of audio, so the third has two frames' time to come)
         self.first_frames = first_frames
+        # under load: from `busy_streams` streams whose audio is in progress (0: never), a
+        # new turn's first audio waits for `busy_first_frames` instead (see _first_frames_now)
+        if busy_streams < 0:
+            raise ValueError(f"busy_streams must be 0 (off) or positive, got {busy_streams}")
+        if busy_streams and busy_first_frames not in self.chunks:
+            raise ValueError(f"busy_first_frames must be one of the chunk sizes {self.chunks}, got {busy_first_frames}")
+        self.busy_streams = busy_streams
+        self.busy_first_frames = busy_first_frames
         self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel, state_kernels)
         # None: never hold frames back (every frame decoded as soon as it arrives)
         self.hold_lead_s = hold_lead_s
@@ -348,10 +356,24 @@ class CodecWorker:
         (lead <= hold_lead_s) and turns' first frames never wait for it."""
         lead = self._started(slot, frames)
         if lead is None:
-            return len(frames) >= self.first_frames
+            return len(frames) >= self._first_frames_now()
         if self._near_real_time(lead, now):
             return True
         return len(frames) >= self.chunks[0] and now >= self._release_at
+
+    def _first_frames_now(self) -> int:
+        """Frames a new turn's first audio waits for now: `first_frames`, or under load
+        (`busy_streams` or more streams with audio in progress) `busy_first_frames`.
+
+        Why by load: a turn's first frame is 46 ms of audio (s2-pro's codec), and the
+        second comes one decode step plus a codec call later. With a few streams that is
+        ~10-20 ms, and a second frame of waiting would only add to the TTFA; at 64 streams
+        the step and the codec's calls share a saturated GPU, and nearly every underrun was
+        a first frame playing out before the second arrived (H200, H100: README,
+        "Reference numbers")."""
+        if self.busy_streams and len(self._leads) >= self.busy_streams:
+            return max(self.first_frames, self.busy_first_frames)
+        return self.first_frames
 
     def _near_real_time(self, lead: _Lead, now: float) -> bool:
         """The stream's audio leads its playback by at most hold_lead_s (or nothing is held)."""

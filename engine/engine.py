@@ -79,6 +79,11 @@ class EngineConfig:
     # frames a turn's first audio waits for (1, or a chunk size up to codec_max_chunk): 2
     # gives a real-time player two frames of audio to play while the third is made
     codec_first_frames: int = 1
+    # under load: from this many streams with audio in progress (0: never), a new turn's
+    # first audio waits for two frames instead of codec_first_frames frames, so the TTFA of
+    # a lightly loaded service stays at one frame and a saturated one gets the underrun
+    # guard of two (engine/codec_worker.py, _first_frames_now)
+    codec_busy_streams: int = 0
     # the prefill thread also makes each segment's second frame (one small frame step of
     # the prefill's streams, engine/runner.py second_frames) instead of leaving it to
     # the decode batch, where it came 2-3 steps later: a turn's first audio (one frame,
@@ -179,6 +184,9 @@ class EngineConfig:
         if self.codec_first_frames not in chunks:
             raise ValueError(f"codec_first_frames must be one of {chunks} (at most codec_max_chunk), "
                              f"got {self.codec_first_frames}")
+        if self.codec_busy_streams < 0 or (self.codec_busy_streams and 2 not in chunks):
+            raise ValueError(f"codec_busy_streams must be 0 (off) or positive, with 2 among the chunk sizes {chunks}; "
+                             f"got {self.codec_busy_streams}")
         if self.codec_kernels not in CODEC_KERNELS:
             raise ValueError(f"codec_kernels must be one of {CODEC_KERNELS}, got {self.codec_kernels!r}")
         if self.kv_quant not in KV_QUANTS:
@@ -289,6 +297,7 @@ class Engine:
         self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
         self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,
+                                 busy_streams=0 if c.naive else c.codec_busy_streams,
                                  release_interval_s=c.codec_release_interval_s,
                                  snake_kernel=None if c.codec_kernels != "off" else False,
                                  state_kernels=None if c.codec_kernels == "all" else False,

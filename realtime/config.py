@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-first-frames", type=int, default=1, choices=CHUNK_CHOICES,
                    help="frames a turn's first audio waits for (2: one more decode step before the first audio, "
                         "two frames of audio for the player to start on); at most --codec-max-chunk")
+    p.add_argument("--codec-busy-streams", type=int, default=0, metavar="N",
+                   help="from N streams with audio in progress, a new turn's first audio waits for two frames instead "
+                        "of --codec-first-frames (the underrun guard under load, the one-frame TTFA when light); 0: never")
     p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
                    help="leave each segment's second frame to the decode batch (2-3 steps after its prefill) "
                         "instead of one small step on the prefill thread: an A/B baseline")
@@ -165,7 +168,7 @@ def _service_config(a: argparse.Namespace, keys: set[str]) -> ServiceConfig:
             voice_cache_bytes=a.voice_cache_mb << 20, max_reference_seconds=a.max_reference_seconds, kv_quant=a.kv_quant,
             naive=a.naive, log_timing=a.log_timing,
             codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead, codec_max_chunk=a.codec_max_chunk,
-            codec_first_frames=a.codec_first_frames, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv, pdl=a.pdl, pdl_all_batches=a.pdl_all_batches,
+            codec_first_frames=a.codec_first_frames, codec_busy_streams=a.codec_busy_streams, prefill_second_frame=a.prefill_second_frame, gemv=a.gemv, pdl=a.pdl, pdl_all_batches=a.pdl_all_batches,
             shared_prefix_reads=a.shared_prefix_reads, prefix_cascade=a.prefix_cascade,
             prefill_attention=a.prefill_attention,
             codec_release_interval_s=a.codec_release_interval,

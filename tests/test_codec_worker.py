@@ -486,6 +486,36 @@ def test_a_turns_first_audio_waits_for_first_frames(codec, hold):
     assert sum(listener.chunks) == 4 * hop and listener.ends == ["end", "end"]
 
 
+def test_a_busy_worker_starts_turns_on_two_frames(codec):
+    """busy_streams 3: while fewer than 3 streams have audio in progress a new turn's first
+    frame goes out alone; once 3 have, the next turn's first audio waits for a second
+    frame; when turns end and the load falls, one frame again."""
+    worker = CodecWorker(codec, 4, hold_lead_s=0.3, busy_streams=3)
+    worker.clock = lambda: 1000.0
+    hop = codec.hop_length
+    listeners = [Listener() for _ in range(4)]
+    codes = np.random.default_rng(5).integers(0, 64, (2, codec.num_codebooks))
+    for slot in range(3):  # 0 and 1 in progress when 1 and 2 start: under 3, one frame each
+        worker._process([_Frame(listeners[slot], slot, 1, codes[0])])
+        assert listeners[slot].chunks == [hop]
+    worker._process([_Frame(listeners[3], 3, 1, codes[0])])  # 3 streams speaking: waits
+    assert listeners[3].chunks == []
+    worker._process([_Frame(listeners[3], 3, 1, codes[1])])
+    assert listeners[3].chunks == [2 * hop]
+    for slot in range(3):  # three turns end: one stream left speaking
+        worker._process([_End(listeners[slot], slot, 1, "end")])
+    worker._process([_Frame(listeners[0], 0, 2, codes[0])])
+    assert listeners[0].chunks == [hop, hop]
+    with pytest.raises(ValueError, match="busy_first_frames"):
+        CodecWorker(codec, 2, max_chunk=1, busy_streams=3)
+    with pytest.raises(ValueError, match="codec_busy_streams"):
+        EngineConfig(codec_max_chunk=1, codec_busy_streams=32)
+    from realtime.config import parse_args
+
+    assert parse_args(["--codec-busy-streams", "32"]).engine.codec_busy_streams == 32
+    assert parse_args([]).engine.codec_busy_streams == 0
+
+
 def test_first_frames_must_be_a_chunk_size():
     from realtime.config import parse_args
 
