@@ -182,12 +182,14 @@ def test_fp8_kv_cache_serves_concurrent_connections(tmp_path):
                               "Stream {} on an FP8 cache.")
 
 
-def test_codec_policy_options_keep_every_streams_audio_whole(tmp_path):
-    """Chunks of up to 8 frames, a 1 s hold and first audio of two frames (the codec
-    options for a loaded GPU service) through the whole service: four connections at once
-    each get their full-length PCM, and the same seed alone gives the same audio."""
+@pytest.mark.parametrize("first_audio", [{"codec_first_frames": 2}, {"codec_busy_streams": 2}])
+def test_codec_policy_options_keep_every_streams_audio_whole(tmp_path, first_audio):
+    """Chunks of up to 8 frames, a 1 s hold and first audio of two frames, always or once
+    two streams speak (the codec options for a loaded GPU service), through the whole
+    service: four connections at once each get their full-length PCM, and the same seed
+    alone gives the same audio."""
     engine = EngineConfig(max_running=4, max_queued=0, max_len=1024, codec_max_chunk=8, codec_hold_lead_s=1.0,
-                          codec_first_frames=2)
+                          **first_audio)
     assert_four_streams_whole(tmp_path, engine, "Stream {} in chunks of eight.")
 
 
