@@ -55,7 +55,7 @@
 #   bash scripts/gpu_check.sh firsttail  # where the server's first c=64 run's tail goes: per-turn timing, GC pauses, stalled-loop stacks, client loop lag; FP8 c=64x2 (~2 min; QUANTS="fp8 none" adds bf16, ~4 min)
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh tailfix    # firsttail FP8 + bf16 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32 (~8 min)
-#   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128), bf16 and FP8, a server each (~8 min)
+#   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each; naive c=1 (~9 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -740,12 +740,16 @@ tailfix)
     ;;
 capacity)
     # issue 5's "largest concurrency one H200 holds within the TTFA targets": the reference
-    # workload past 64 streams (--max-running is the largest level: 128), c=64, 96, 128,
-    # one server per weight type (bf16, FP8) (~8 min)
-    for q in ${QUANTS:-none fp8}; do
-        load capacity-$q $q ${LEVELS:-64,96,128} ${CAP_S:-270}
-        shares_lines "$out/capacity-$q.json"
-    done
+    # workload past 64 streams (--max-running is the largest level: 128), bf16 at c=64,
+    # 96, 128 and FP8 at 96, 128, a server each; then the naive baseline at c=1 (one turn)
+    # in the same call (~9 min)
+    load capacity-none none 64,96,128 ${CAP_S:-250}
+    shares_lines "$out/capacity-none.json"
+    load capacity-fp8 fp8 96,128 ${CAP_FP8_S:-200}
+    shares_lines "$out/capacity-fp8.json"
+    timeout 100 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
+        --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
+    cp /tmp/naive/results.json "$out/naive.json"
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
