@@ -735,7 +735,7 @@ tailfix)
     # default against --codec-busy-streams 32 (a turn's first audio of two frames once 32
     # streams speak; below that the default's one frame, so c=1 and 16 are the default's
     # by construction), c=64 twice each, a server each (~8 min)
-    QUANTS="fp8 none" LOAD_S=${LOAD_S:-150} bash "$0" firsttail
+    QUANTS="${TAIL_QUANTS:-fp8 none}" LOAD_S=${LOAD_S:-150} bash "$0" firsttail
     ab_loads busy 64,64 ${BUSY_S:-260} ${VARIANTS:-default busy:--codec-busy-streams=32}
     ;;
 capacity)
