@@ -54,7 +54,7 @@
 #   bash scripts/gpu_check.sh issue5ab   # load c=64x2: bf16 and FP8, each with the codec and with --codec-silent (no codec work), same call (~9 min)
 #   bash scripts/gpu_check.sh firsttail  # where the server's first c=64 run's tail goes: per-turn timing, GC pauses, stalled-loop stacks, client loop lag; FP8 c=64x2 (~2 min; QUANTS="fp8 none" adds bf16, ~4 min)
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
-#   bash scripts/gpu_check.sh tailfix    # firsttail FP8 + bf16 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32 (~8 min)
+#   bash scripts/gpu_check.sh tailfix    # firsttail FP8 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32, fresh servers (~6 min)
 #   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each; naive c=1 (~9 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
@@ -730,12 +730,13 @@ firsttail)
 tailfix)
     # 2026-12-07: the first c=64 run's tail with the codec worker flushing a run of
     # segment ends as one batch (engine/codec_worker.py; the tail was 2nd turns waiting
-    # ~0.5 s between prefill and first audio): firsttail in FP8 and bf16 (a server each,
-    # c=64 twice from a fresh start), then bf16's 2-4 underruns at c=64 on the H200: the
-    # default against --codec-busy-streams 32 (a turn's first audio of two frames once 32
-    # streams speak; below that the default's one frame, so c=1 and 16 are the default's
-    # by construction), c=64 twice each, a server each (~8 min)
-    QUANTS="${TAIL_QUANTS:-fp8 none}" LOAD_S=${LOAD_S:-150} bash "$0" firsttail
+    # ~0.5 s between prefill and first audio): firsttail in FP8 (a fresh server, c=64
+    # twice, per-turn timing), then bf16 on fresh servers, c=64 twice each: the default
+    # (its first run is the bf16 first-run tail) against --codec-busy-streams 32 (a turn's
+    # first audio of two frames once 32 streams speak, for bf16's 2-4 underruns at c=64;
+    # below 32 the default's one frame, so c=1 and 16 are the default's by construction)
+    # (~6 min)
+    QUANTS="${TAIL_QUANTS:-fp8}" LOAD_S=${LOAD_S:-150} bash "$0" firsttail
     ab_loads busy 64,64 ${BUSY_S:-260} ${VARIANTS:-default busy:--codec-busy-streams=32}
     ;;
 capacity)
