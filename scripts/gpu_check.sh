@@ -56,6 +56,7 @@
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh tailfix    # firsttail FP8 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32, fresh servers (~6 min)
 #   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each; naive c=1 (~9 min)
+#   bash scripts/gpu_check.sh h200next   # bf16 c=1,16,64x2 default vs --codec-busy-streams 32, then capacity (~8 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -751,6 +752,15 @@ capacity)
     timeout 100 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
         --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
     cp /tmp/naive/results.json "$out/naive.json"
+    ;;
+h200next)
+    # what the next H200 call should answer, in one call (the H100 took ~80 s a server
+    # for c=64 twice, 2026-12-07): bf16 at c=1,16,64,64 with the defaults and with
+    # --codec-busy-streams 32 (issue 5's bf16 underruns at c=64; a server each), then the
+    # capacity part (bf16 c=64,96,128 and FP8 96,128 with --max-running 128, the naive
+    # baseline at c=1) (~8 min)
+    ab_loads busy 1,16,64,64 ${BUSY_S:-260} ${VARIANTS:-bf16 bf16busy:--codec-busy-streams=32}
+    CAP_S=${CAP_S:-150} CAP_FP8_S=${CAP_FP8_S:-120} bash "$0" capacity
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
