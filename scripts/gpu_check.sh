@@ -759,8 +759,8 @@ h200next)
     # --codec-busy-streams 32 (issue 5's bf16 underruns at c=64; a server each), then the
     # capacity part (bf16 c=64,96,128 and FP8 96,128 with --max-running 128, the naive
     # baseline at c=1) (~8 min)
-    ab_loads busy 1,16,64,64 ${BUSY_S:-260} ${VARIANTS:-bf16 bf16busy:--codec-busy-streams=32}
-    CAP_S=${CAP_S:-150} CAP_FP8_S=${CAP_FP8_S:-120} bash "$0" capacity
+    ab_loads busy 1,16,64,64 ${BUSY_S:-240} ${VARIANTS:-bf16 bf16busy:--codec-busy-streams=32}
+    CAP_S=${CAP_S:-140} CAP_FP8_S=${CAP_FP8_S:-110} bash "$0" capacity
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
