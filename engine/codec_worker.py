@@ -119,6 +119,7 @@ class _Graph:
 _STOP = object()
 CHUNKS = (4, 2, 1)  # frames per stream per decode call, by default
 CHUNK_CHOICES = (1, 2, 4, 8, 16)  # the largest chunk a worker may be given
+BUSY_FIRST_FRAMES = 2  # a new turn's first audio under load (busy_streams; _first_frames_now)
 
 
 def chunk_sizes(max_chunk: int) -> tuple[int, ...]:
@@ -153,7 +154,7 @@ class CodecWorker:
         self, codec: torch.nn.Module, max_streams: int, cuda_graphs: bool | None = None, hold_lead_s: float | None = 0.3,
         snake_kernel: bool | None = None, max_chunk: int = CHUNKS[0], first_frames: int = 1,
         release_interval_s: float = 0.0, state_kernels: bool | None = None, cut_in: bool = False,
-        bucket_step: int = 0, silent: bool = False, busy_streams: int = 0, busy_first_frames: int = 2,
+        bucket_step: int = 0, silent: bool = False, busy_streams: int = 0,
     ) -> None:
         self.chunks = chunk_sizes(max_chunk)  # frames per stream per decode call, largest first
         if first_frames not in self.chunks:
@@ -162,13 +163,11 @@ class CodecWorker:
         # player starts with two frames of audio, so the third has two frames' time to come)
         self.first_frames = first_frames
         # under load: from `busy_streams` streams whose audio is in progress (0: never), a
-        # new turn's first audio waits for `busy_first_frames` instead (see _first_frames_now)
-        if busy_streams < 0:
-            raise ValueError(f"busy_streams must be 0 (off) or positive, got {busy_streams}")
-        if busy_streams and busy_first_frames not in self.chunks:
-            raise ValueError(f"busy_first_frames must be one of the chunk sizes {self.chunks}, got {busy_first_frames}")
+        # new turn's first audio waits for BUSY_FIRST_FRAMES instead (see _first_frames_now)
+        if busy_streams < 0 or (busy_streams and BUSY_FIRST_FRAMES not in self.chunks):
+            raise ValueError(f"busy_streams must be 0 (off) or positive, with {BUSY_FIRST_FRAMES} among the chunk "
+                             f"sizes {self.chunks}; got {busy_streams}")
         self.busy_streams = busy_streams
-        self.busy_first_frames = busy_first_frames
         self.decoder = StreamingDecoder(codec, max_streams + 1, snake_kernel, state_kernels)
         # None: never hold frames back (every frame decoded as soon as it arrives)
         self.hold_lead_s = hold_lead_s
@@ -364,7 +363,7 @@ class CodecWorker:
 
     def _first_frames_now(self) -> int:
         """Frames a new turn's first audio waits for now: `first_frames`, or under load
-        (`busy_streams` or more streams with audio in progress) `busy_first_frames`.
+        (`busy_streams` or more streams with audio in progress) BUSY_FIRST_FRAMES.
 
         Why by load: a turn's first frame is 46 ms of audio (s2-pro's codec), and the
         second comes one decode step plus a codec call later. With a few streams that is
@@ -375,7 +374,7 @@ class CodecWorker:
         server each): with 32, no underruns in either run, TTFA p50 / p99 77-79 / 120 ms,
         against the default's 0 and 5 (7 ms) underruns at 64-67 / 107-112 ms."""
         if self.busy_streams and len(self._leads) >= self.busy_streams:
-            return max(self.first_frames, self.busy_first_frames)
+            return max(self.first_frames, BUSY_FIRST_FRAMES)
         return self.first_frames
 
     def _near_real_time(self, lead: _Lead, now: float) -> bool:

@@ -30,7 +30,7 @@ import torch
 
 from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
-from engine.codec_worker import CHUNKS, CodecWorker, batch_buckets, chunk_sizes
+from engine.codec_worker import BUSY_FIRST_FRAMES, CHUNKS, CodecWorker, batch_buckets, chunk_sizes
 from engine.gpu_errors import device_lost
 from engine.kv_cache import KV_QUANTS
 from engine.prompt import Reference, Voice
@@ -184,9 +184,9 @@ class EngineConfig:
         if self.codec_first_frames not in chunks:
             raise ValueError(f"codec_first_frames must be one of {chunks} (at most codec_max_chunk), "
                              f"got {self.codec_first_frames}")
-        if self.codec_busy_streams < 0 or (self.codec_busy_streams and 2 not in chunks):
-            raise ValueError(f"codec_busy_streams must be 0 (off) or positive, with 2 among the chunk sizes {chunks}; "
-                             f"got {self.codec_busy_streams}")
+        if self.codec_busy_streams < 0 or (self.codec_busy_streams and BUSY_FIRST_FRAMES not in chunks):
+            raise ValueError(f"codec_busy_streams must be 0 (off) or positive, with {BUSY_FIRST_FRAMES} among the "
+                             f"chunk sizes {chunks}; got {self.codec_busy_streams}")
         if self.codec_kernels not in CODEC_KERNELS:
             raise ValueError(f"codec_kernels must be one of {CODEC_KERNELS}, got {self.codec_kernels!r}")
         if self.kv_quant not in KV_QUANTS:

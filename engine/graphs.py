@@ -14,8 +14,9 @@ graph pays that on its step. Measured on an H200 (2026-12-06, `python -m
 latency_bench.first_replay`, which turns the replay off): +7.8 ms over the 9 decode
 graphs' first launches, +22.2 ms over the 34 prefill graphs, +8.1 ms over the 24 codec
 graphs, at most 1.3 ms for one graph. Small, but paid in the first requests' steps; it
-was not what made the server's first c=64 run slow (engine/codec_worker.py, `_process`). Every caller's static inputs point at scratch rows
-while capturing, so the replay, like the warm-ups, touches no stream's state.
+was not what made the server's first c=64 run slow (engine/codec_worker.py, `_process`).
+Every caller's static inputs point at scratch rows while capturing, so the replay, like
+the warm-ups, touches no stream's state.
 """
 
 from __future__ import annotations

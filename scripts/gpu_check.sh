@@ -172,6 +172,32 @@ ab_loads() {
         echo "$name done at $(( $(date +%s) - start )) s"
     done
 }
+# the server's first c=64 runs, per-turn timing, GC pauses, stalled-loop stacks and the
+# client's loop lag: first_tail "QUANTS" SECONDS (a fresh server per weight type; the
+# `firsttail` part)
+first_tail() {
+    local q
+    for q in $1; do
+        load firsttail-$q none 64,64 "$2" --quant=$q --log-timing --debug-stalls
+        shares_lines "$out/firsttail-$q.json"
+        python3 -c "import json; [print('  client loop lag', lv.get('client_loop_lag_s')) for lv in json.load(open('$out/firsttail-$q.json'))['runs']['engine']]"
+        cp /tmp/load-firsttail-$q/server-engine.log "$out/server-engine-$q.log" 2>/dev/null
+        grep "turn " /tmp/load-firsttail-$q/server-engine.log | python3 scripts/turn_timing.py 192,192
+        grep -i "stall\|samples\|lag" /tmp/load-firsttail-$q/server-engine.log | head -30
+    done
+}
+# the reference workload past 64 streams (--max-running is the largest level: 128): bf16
+# at c=64, 96, 128 and FP8 at 96, 128, a server each, then the naive baseline at c=1 (one
+# turn): capacity_sweep BF16_SECONDS FP8_SECONDS (the `capacity` part)
+capacity_sweep() {
+    load capacity-none none 64,96,128 "$1"
+    shares_lines "$out/capacity-none.json"
+    load capacity-fp8 fp8 96,128 "$2"
+    shares_lines "$out/capacity-fp8.json"
+    timeout 100 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
+        --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
+    cp /tmp/naive/results.json "$out/naive.json"
+}
 case "$part" in
 tests)
     timeout 540 python3 -m pytest -q -x "${gpu_tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
@@ -719,14 +745,7 @@ firsttail)
     # first audio, per run), the server's GC pauses and stalled-loop stacks
     # (--debug-stalls), the client's own loop lag (results.json), c=64 twice in FP8
     # (QUANTS="fp8 none": bf16 too, a server each)
-    for q in ${QUANTS:-fp8}; do
-        load firsttail-$q none 64,64 ${LOAD_S:-200} --quant=$q --log-timing --debug-stalls
-        shares_lines "$out/firsttail-$q.json"
-        python3 -c "import json; [print('  client loop lag', lv.get('client_loop_lag_s')) for lv in json.load(open('$out/firsttail-$q.json'))['runs']['engine']]"
-        cp /tmp/load-firsttail-$q/server-engine.log "$out/server-engine-$q.log" 2>/dev/null
-        grep "turn " /tmp/load-firsttail-$q/server-engine.log | python3 scripts/turn_timing.py 192,192
-        grep -i "stall\|samples\|lag" /tmp/load-firsttail-$q/server-engine.log | head -30
-    done
+    first_tail "${QUANTS:-fp8}" ${LOAD_S:-200}
     ;;
 tailfix)
     # 2026-12-07: the first c=64 run's tail with the codec worker flushing a run of
@@ -737,7 +756,7 @@ tailfix)
     # first audio of two frames once 32 streams speak, for bf16's 2-4 underruns at c=64;
     # below 32 the default's one frame, so c=1 and 16 are the default's by construction)
     # (~6 min)
-    QUANTS="${TAIL_QUANTS:-fp8}" LOAD_S=${LOAD_S:-150} bash "$0" firsttail
+    first_tail "${TAIL_QUANTS:-fp8}" ${LOAD_S:-150}
     ab_loads busy 64,64 ${BUSY_S:-260} ${VARIANTS:-default busy:--codec-busy-streams=32}
     ;;
 capacity)
@@ -745,13 +764,7 @@ capacity)
     # workload past 64 streams (--max-running is the largest level: 128), bf16 at c=64,
     # 96, 128 and FP8 at 96, 128, a server each; then the naive baseline at c=1 (one turn)
     # in the same call (~9 min)
-    load capacity-none none 64,96,128 ${CAP_S:-250}
-    shares_lines "$out/capacity-none.json"
-    load capacity-fp8 fp8 96,128 ${CAP_FP8_S:-200}
-    shares_lines "$out/capacity-fp8.json"
-    timeout 100 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
-        --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
-    cp /tmp/naive/results.json "$out/naive.json"
+    capacity_sweep ${CAP_S:-250} ${CAP_FP8_S:-200}
     ;;
 h200next)
     # what the next H200 call should answer, in one call (the H100 took ~80 s a server
@@ -760,7 +773,7 @@ h200next)
     # capacity part (bf16 c=64,96,128 and FP8 96,128 with --max-running 128, the naive
     # baseline at c=1) (~8 min)
     ab_loads busy 1,16,64,64 ${BUSY_S:-240} ${VARIANTS:-bf16 bf16busy:--codec-busy-streams=32}
-    CAP_S=${CAP_S:-140} CAP_FP8_S=${CAP_FP8_S:-110} bash "$0" capacity
+    capacity_sweep ${CAP_S:-140} ${CAP_FP8_S:-110}
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms

@@ -506,7 +506,7 @@ def test_a_busy_worker_starts_turns_on_two_frames(codec):
         worker._process([_End(listeners[slot], slot, 1, "end")])
     worker._process([_Frame(listeners[0], 0, 2, codes[0])])
     assert listeners[0].chunks == [hop, hop]
-    with pytest.raises(ValueError, match="busy_first_frames"):
+    with pytest.raises(ValueError, match="busy_streams"):
         CodecWorker(codec, 2, max_chunk=1, busy_streams=3)
     with pytest.raises(ValueError, match="codec_busy_streams"):
         EngineConfig(codec_max_chunk=1, codec_busy_streams=32)
