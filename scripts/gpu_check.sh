@@ -192,8 +192,10 @@ first_tail() {
 capacity_sweep() {
     load capacity-none none 64,96,128 "$1"
     shares_lines "$out/capacity-none.json"
-    load capacity-fp8 fp8 96,128 "$2"
-    shares_lines "$out/capacity-fp8.json"
+    if [ "$2" -gt 0 ]; then  # 0: bf16 only (a call short of device time)
+        load capacity-fp8 fp8 96,128 "$2"
+        shares_lines "$out/capacity-fp8.json"
+    fi
     timeout 100 python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
         --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
     cp /tmp/naive/results.json "$out/naive.json"
