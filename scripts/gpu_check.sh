@@ -56,6 +56,7 @@
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh tailfix    # firsttail FP8 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32, fresh servers (~6 min)
 #   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each; naive c=1 (~9 min)
+#     (CAP_S / CAP_FP8_S / NAIVE_S: each run's seconds; CAP_FP8_S=0 or NAIVE_S=0 leaves that run out, for a call short of device time)
 #   bash scripts/gpu_check.sh h200next   # bf16 c=1,16,64x2 default vs --codec-busy-streams 32, then capacity (~8 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
