@@ -189,16 +189,17 @@ first_tail() {
 }
 # the reference workload past 64 streams (--max-running is the largest level: 128): bf16
 # at c=64, 96, 128 and FP8 at 96, 128, a server each, then the naive baseline at c=1 (one
-# turn): capacity_sweep BF16_SECONDS FP8_SECONDS (the `capacity` part)
+# turn): capacity_sweep BF16_SECONDS FP8_SECONDS NAIVE_SECONDS, 0 seconds leaving that run
+# out (FP8 and naive only; for a call short of device time) (the `capacity` part)
 capacity_sweep() {
     load capacity-none none 64,96,128 "$1"
     shares_lines "$out/capacity-none.json"
-    if [ "$2" -gt 0 ]; then  # 0: bf16 only (a call short of device time)
+    if [ "$2" -gt 0 ]; then
         load capacity-fp8 fp8 96,128 "$2"
         shares_lines "$out/capacity-fp8.json"
     fi
-    [ "${NAIVE_S:-100}" -gt 0 ] || return 0  # NAIVE_S=0: no naive baseline (a call short of device time)
-    timeout "${NAIVE_S:-100}" python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
+    [ "$3" -gt 0 ] || return 0
+    timeout "$3" python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
         --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
     cp /tmp/naive/results.json "$out/naive.json"
 }
@@ -768,7 +769,7 @@ capacity)
     # workload past 64 streams (--max-running is the largest level: 128), bf16 at c=64,
     # 96, 128 and FP8 at 96, 128, a server each; then the naive baseline at c=1 (one turn)
     # in the same call (~9 min)
-    capacity_sweep ${CAP_S:-250} ${CAP_FP8_S:-200}
+    capacity_sweep ${CAP_S:-250} ${CAP_FP8_S:-200} ${NAIVE_S:-100}
     ;;
 h200next)
     # what the next H200 call should answer, in one call (the H100 took ~80 s a server
@@ -777,7 +778,7 @@ h200next)
     # capacity part (bf16 c=64,96,128 and FP8 96,128 with --max-running 128, the naive
     # baseline at c=1) (~8 min)
     ab_loads busy 1,16,64,64 ${BUSY_S:-240} ${VARIANTS:-bf16 bf16busy:--codec-busy-streams=32}
-    capacity_sweep ${CAP_S:-140} ${CAP_FP8_S:-110}
+    capacity_sweep ${CAP_S:-140} ${CAP_FP8_S:-110} ${NAIVE_S:-100}
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
