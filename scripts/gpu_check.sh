@@ -198,10 +198,11 @@ capacity_sweep() {
         load capacity-fp8 fp8 96,128 "$2"
         shares_lines "$out/capacity-fp8.json"
     fi
-    [ "$3" -gt 0 ] || return 0
-    timeout "$3" python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
-        --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
-    cp /tmp/naive/results.json "$out/naive.json"
+    if [ "$3" -gt 0 ]; then
+        timeout "$3" python3 -m latency_bench "${bench[@]}" --baseline naive --only-baseline --baseline-concurrency 1 \
+            --baseline-turns 1 --concurrency 1 --server-arg=--max-len=1536 --out /tmp/naive 2>&1 | grep -v "active=" | tail -4
+        cp /tmp/naive/results.json "$out/naive.json"
+    fi
 }
 case "$part" in
 tests)
