@@ -120,6 +120,9 @@ _STOP = object()
 CHUNKS = (4, 2, 1)  # frames per stream per decode call, by default
 CHUNK_CHOICES = (1, 2, 4, 8, 16)  # the largest chunk a worker may be given
 BUSY_FIRST_FRAMES = 2  # a new turn's first audio under load (busy_streams; _first_frames_now)
+# the service's busy_streams by default (EngineConfig.codec_busy_streams): half the reference
+# load's 64 streams, so c=1 and 16 keep the one-frame TTFA and a saturated GPU gets the guard
+DEFAULT_BUSY_STREAMS = 32
 
 
 def chunk_sizes(max_chunk: int) -> tuple[int, ...]:
@@ -372,7 +375,10 @@ class CodecWorker:
         a first frame playing out before the second arrived (H200, H100: README,
         "Reference numbers"). Measured on an H100 (2026-12-07, bf16, c=64 twice on a fresh
         server each): with 32, no underruns in either run, TTFA p50 / p99 77-79 / 120 ms,
-        against the default's 0 and 5 (7 ms) underruns at 64-67 / 107-112 ms."""
+        against none's 0 and 5 (7 ms) underruns at 64-67 / 107-112 ms. Past 64 streams
+        (same card, --max-running 128): with 32 none at c=96 and 128 in bf16 and FP8,
+        against 5 and 34 (bf16) and 0 and 55 (FP8) underruns without, for 10-20 ms more
+        TTFA p50 (latency_bench/RESULTS.md, "The capacity sweep"). Hence on by default."""
         if self.busy_streams and len(self._leads) >= self.busy_streams:
             return max(self.first_frames, BUSY_FIRST_FRAMES)
         return self.first_frames

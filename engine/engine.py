@@ -30,7 +30,7 @@ import torch
 
 from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
-from engine.codec_worker import BUSY_FIRST_FRAMES, CHUNKS, CodecWorker, batch_buckets, chunk_sizes
+from engine.codec_worker import BUSY_FIRST_FRAMES, CHUNKS, DEFAULT_BUSY_STREAMS, CodecWorker, batch_buckets, chunk_sizes
 from engine.gpu_errors import device_lost
 from engine.kv_cache import KV_QUANTS
 from engine.prompt import Reference, Voice
@@ -82,8 +82,9 @@ class EngineConfig:
     # under load: from this many streams with audio in progress (0: never), a new turn's
     # first audio waits for two frames instead of codec_first_frames frames, so the TTFA of
     # a lightly loaded service stays at one frame and a saturated one gets the underrun
-    # guard of two (engine/codec_worker.py, _first_frames_now)
-    codec_busy_streams: int = 0
+    # guard of two (engine/codec_worker.py, _first_frames_now). None (the default): 32
+    # where the codec's chunk sizes include two frames, else 0
+    codec_busy_streams: int | None = None
     # the prefill thread also makes each segment's second frame (one small frame step of
     # the prefill's streams, engine/runner.py second_frames) instead of leaving it to
     # the decode batch, where it came 2-3 steps later: a turn's first audio (one frame,
@@ -184,6 +185,8 @@ class EngineConfig:
         if self.codec_first_frames not in chunks:
             raise ValueError(f"codec_first_frames must be one of {chunks} (at most codec_max_chunk), "
                              f"got {self.codec_first_frames}")
+        if self.codec_busy_streams is None:
+            self.codec_busy_streams = DEFAULT_BUSY_STREAMS if BUSY_FIRST_FRAMES in chunks else 0
         if self.codec_busy_streams < 0 or (self.codec_busy_streams and BUSY_FIRST_FRAMES not in chunks):
             raise ValueError(f"codec_busy_streams must be 0 (off) or positive, with {BUSY_FIRST_FRAMES} among the "
                              f"chunk sizes {chunks}; got {self.codec_busy_streams}")

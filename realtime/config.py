@@ -70,9 +70,10 @@ def parse_args(argv: list[str] | None = None) -> ServiceConfig:
     p.add_argument("--codec-first-frames", type=int, default=1, choices=CHUNK_CHOICES,
                    help="frames a turn's first audio waits for (2: one more decode step before the first audio, "
                         "two frames of audio for the player to start on); at most --codec-max-chunk")
-    p.add_argument("--codec-busy-streams", type=int, default=0, metavar="N",
+    p.add_argument("--codec-busy-streams", type=int, default=None, metavar="N",
                    help="from N streams with audio in progress, a new turn's first audio waits for two frames instead "
-                        "of --codec-first-frames (the underrun guard under load, the one-frame TTFA when light); 0: never")
+                        "of --codec-first-frames (the underrun guard under load, the one-frame TTFA when light); 0: never "
+                        "(default: 32, or 0 with --codec-max-chunk 1)")
     p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
                    help="leave each segment's second frame to the decode batch (2-3 steps after its prefill) "
                         "instead of one small step on the prefill thread: an A/B baseline")

@@ -56,8 +56,10 @@
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh tailfix    # firsttail FP8 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32, fresh servers (~6 min)
 #   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each; naive c=1 (~9 min)
-#     (CAP_S / CAP_FP8_S / NAIVE_S: each run's seconds; CAP_FP8_S=0 or NAIVE_S=0 leaves that run out, for a call short of device time)
-#   bash scripts/gpu_check.sh h200next   # bf16 c=1,16,64x2 default vs --codec-busy-streams 32, then capacity (~8 min)
+#     (CAP_S / CAP_FP8_S / NAIVE_S: each run's seconds, 0 leaving that run out; CAP_LEVELS: bf16's levels)
+#   bash scripts/gpu_check.sh busygate   # the reference load at c=1,16,64 in FP8 and bf16 with today's defaults, gated (~7.5 min)
+#   bash scripts/gpu_check.sh capbusy    # c=96,128 (LEVELS) with --codec-busy-streams 32, bf16 and FP8, a server each (~6 min)
+#   bash scripts/gpu_check.sh h200next   # busygate, then capacity's bf16 and FP8 at c=96,128 (~9 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -190,10 +192,13 @@ first_tail() {
 # the reference workload past 64 streams (--max-running is the largest level: 128): bf16
 # at c=64, 96, 128 and FP8 at 96, 128, a server each, then the naive baseline at c=1 (one
 # turn): capacity_sweep BF16_SECONDS FP8_SECONDS NAIVE_SECONDS, 0 seconds leaving that run
-# out (FP8 and naive only; for a call short of device time) (the `capacity` part)
+# out (for a call short of device time, or one that finishes an earlier call's sweep)
+# (the `capacity` part)
 capacity_sweep() {
-    load capacity-none none 64,96,128 "$1"
-    shares_lines "$out/capacity-none.json"
+    if [ "$1" -gt 0 ]; then
+        load capacity-none none "${CAP_LEVELS:-64,96,128}" "$1"
+        shares_lines "$out/capacity-none.json"
+    fi
     if [ "$2" -gt 0 ]; then
         load capacity-fp8 fp8 96,128 "$2"
         shares_lines "$out/capacity-fp8.json"
@@ -773,13 +778,28 @@ capacity)
     capacity_sweep ${CAP_S:-250} ${CAP_FP8_S:-200} ${NAIVE_S:-100}
     ;;
 h200next)
-    # what the next H200 call should answer, in one call (the H100 took ~80 s a server
-    # for c=64 twice, 2026-12-07): bf16 at c=1,16,64,64 with the defaults and with
-    # --codec-busy-streams 32 (issue 5's bf16 underruns at c=64; a server each), then the
-    # capacity part (bf16 c=64,96,128 and FP8 96,128 with --max-running 128, the naive
-    # baseline at c=1) (~8 min)
-    ab_loads busy 1,16,64,64 ${BUSY_S:-240} ${VARIANTS:-bf16 bf16busy:--codec-busy-streams=32}
-    capacity_sweep ${CAP_S:-140} ${CAP_FP8_S:-110} ${NAIVE_S:-100}
+    # what the next H200 call should answer, in one call, with the defaults of 2026-12-07
+    # (the underrun guard --codec-busy-streams 32 on): the reference load at c=1,16,64 in
+    # FP8 and in bf16, gated against the H200's frozen references (made with the guard off:
+    # the FP8 c=64 TTFA p50 may fail by the guard's ~6 ms, as on the H100), then the
+    # capacity part past 64 streams (bf16 c=96,128 and FP8 96,128 with --max-running 128)
+    # (~9 min)
+    gated_load fp8 ${FP8_S:-160}
+    gated_load none ${BF16_S:-170}
+    CAP_LEVELS=96,128 capacity_sweep ${CAP_S:-130} ${CAP_FP8_S:-110} ${NAIVE_S:-0}
+    ;;
+busygate)
+    # the defaults with --codec-busy-streams 32 on (2026-12-07): the reference load at
+    # c=1,16,64 in FP8 and in bf16, each gated against its frozen reference (~7.5 min)
+    gated_load fp8 ${FP8_S:-210}
+    gated_load none ${BF16_S:-230}
+    ;;
+capbusy)
+    # the capacity sweep's c=96 and 128 with a turn's first audio of two frames once 32
+    # streams speak (--codec-busy-streams 32; the defaults' underruns there began at a
+    # turn's start, 2026-12-07 H100: bf16 5 at c=96, 34 at 128, FP8 55 at 128), bf16 and
+    # FP8, a server each (~6 min)
+    ab_loads capbusy ${LEVELS:-96,128} ${LOAD_S:-420} ${VARIANTS:-bf16busy:--codec-busy-streams=32 fp8busy:--quant=fp8,--codec-busy-streams=32}
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms

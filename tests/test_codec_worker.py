@@ -513,7 +513,10 @@ def test_a_busy_worker_starts_turns_on_two_frames(codec):
     from realtime.config import parse_args
 
     assert parse_args(["--codec-busy-streams", "32"]).engine.codec_busy_streams == 32
-    assert parse_args([]).engine.codec_busy_streams == 0
+    # on by default from 32 streams, and off where no two-frame chunk exists to wait for
+    assert parse_args([]).engine.codec_busy_streams == 32
+    assert parse_args(["--codec-max-chunk", "1"]).engine.codec_busy_streams == 0
+    assert parse_args(["--codec-busy-streams", "0"]).engine.codec_busy_streams == 0
 
 
 def test_first_frames_must_be_a_chunk_size():
