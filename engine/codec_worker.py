@@ -375,10 +375,11 @@ class CodecWorker:
         a first frame playing out before the second arrived (H200, H100: README,
         "Reference numbers"). Measured on an H100 (2026-12-07, bf16, c=64 twice on a fresh
         server each): with 32, no underruns in either run, TTFA p50 / p99 77-79 / 120 ms,
-        against none's 0 and 5 (7 ms) underruns at 64-67 / 107-112 ms. Past 64 streams
-        (same card, --max-running 128): with 32 none at c=96 and 128 in bf16 and FP8,
-        against 5 and 34 (bf16) and 0 and 55 (FP8) underruns without, for 10-20 ms more
-        TTFA p50 (latency_bench/RESULTS.md, "The capacity sweep"). Hence on by default."""
+        against 0 and 5 (7 ms) underruns at 64-67 / 107-112 ms with the guard off. Past
+        64 streams (same card, --max-running 128): with 32 none at c=96 and 128 in bf16
+        and FP8, against 5 and 34 (bf16) and 0 and 55 (FP8) underruns without, for 6-20 ms
+        more TTFA p50 from 64 streams up (latency_bench/RESULTS.md, "The capacity sweep").
+        Hence on by default (DEFAULT_BUSY_STREAMS)."""
         if self.busy_streams and len(self._leads) >= self.busy_streams:
             return max(self.first_frames, BUSY_FIRST_FRAMES)
         return self.first_frames

@@ -55,10 +55,10 @@
 #   bash scripts/gpu_check.sh firsttail  # where the server's first c=64 run's tail goes: per-turn timing, GC pauses, stalled-loop stacks, client loop lag; FP8 c=64x2 (~2 min; QUANTS="fp8 none" adds bf16, ~4 min)
 #   bash scripts/gpu_check.sh firstreplay  # each CUDA graph's first launch vs later ones (the replay after capture off), bf16 and FP8 + PDL on all; GPU tests of the graph paths; c=64x2 FP8 load (~8 min)
 #   bash scripts/gpu_check.sh tailfix    # firsttail FP8 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32, fresh servers (~6 min)
-#   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each; naive c=1 (~9 min)
+#   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each, the defaults; naive c=1 (~9 min)
 #     (CAP_S / CAP_FP8_S / NAIVE_S: each run's seconds, 0 leaving that run out; CAP_LEVELS: bf16's levels)
 #   bash scripts/gpu_check.sh busygate   # the reference load at c=1,16,64 in FP8 and bf16 with today's defaults, gated (~7.5 min)
-#   bash scripts/gpu_check.sh capbusy    # c=96,128 (LEVELS) with --codec-busy-streams 32, bf16 and FP8, a server each (~6 min)
+#   bash scripts/gpu_check.sh capbusy    # c=96,128 (LEVELS) with the defaults (the guard --codec-busy-streams 32 on), bf16 and FP8, a server each (~6 min)
 #   bash scripts/gpu_check.sh h200next   # busygate, then capacity's bf16 and FP8 at c=96,128 (~9 min)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
@@ -766,9 +766,9 @@ tailfix)
     # (its first run is the bf16 first-run tail) against --codec-busy-streams 32 (a turn's
     # first audio of two frames once 32 streams speak, for bf16's 2-4 underruns at c=64;
     # below 32 the default's one frame, so c=1 and 16 are the default's by construction)
-    # (~6 min)
+    # (~6 min; "default" is the guard off, as the default was then)
     first_tail "${TAIL_QUANTS:-fp8}" ${LOAD_S:-150}
-    ab_loads busy 64,64 ${BUSY_S:-260} ${VARIANTS:-default busy:--codec-busy-streams=32}
+    ab_loads busy 64,64 ${BUSY_S:-260} ${VARIANTS:-default:--codec-busy-streams=0 busy:--codec-busy-streams=32}
     ;;
 capacity)
     # issue 5's "largest concurrency one H200 holds within the TTFA targets": the reference
@@ -795,11 +795,12 @@ busygate)
     gated_load none ${BF16_S:-230}
     ;;
 capbusy)
-    # the capacity sweep's c=96 and 128 with a turn's first audio of two frames once 32
-    # streams speak (--codec-busy-streams 32; the defaults' underruns there began at a
-    # turn's start, 2026-12-07 H100: bf16 5 at c=96, 34 at 128, FP8 55 at 128), bf16 and
-    # FP8, a server each (~6 min)
-    ab_loads capbusy ${LEVELS:-96,128} ${LOAD_S:-420} ${VARIANTS:-bf16busy:--codec-busy-streams=32 fp8busy:--quant=fp8,--codec-busy-streams=32}
+    # the capacity sweep's c=96 and 128 (LEVELS) with a turn's first audio of two frames
+    # once 32 streams speak (--codec-busy-streams 32, the default since 2026-12-07; without
+    # it the underruns there began at a turn's start, H100: bf16 5 at c=96, 34 at 128, FP8
+    # 55 at 128), bf16 and FP8, a server each (~6 min); the guard off:
+    # VARIANTS="bf16:--codec-busy-streams=0 fp8:--quant=fp8,--codec-busy-streams=0"
+    ab_loads capbusy ${LEVELS:-96,128} ${LOAD_S:-420} ${VARIANTS:-bf16busy fp8busy:--quant=fp8}
     ;;
 fp8arms)
     # FP8 at c=64 with the blocked prefill (the default since 2026-12-06), the two arms
