@@ -146,8 +146,10 @@ def main(argv=None) -> int:
             modes.append(("naive", ["--naive"], base_levels, a.baseline_turns or a.turns))
         for name, extra, lv, turns in modes:
             server_args = ["--max-running", str(max(lv)), "--max-queued", str(max(lv)), *a.server_arg, *extra]
-            with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health):
+            with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health, startup_s):
                 meta.setdefault("health", health)
+                meta[f"{name}_startup_s"] = round(startup_s, 2)
+                print(f"{name} server started in {startup_s:.1f} s (max_running {health.get('max_running')})", flush=True)
                 meta[f"{name}_turns"] = turns
                 runs[name] = sweep(ws_url, lv, workload(ws_url, turns), a.ramp, name)
     data = {"meta": meta, "runs": runs}

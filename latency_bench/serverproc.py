@@ -21,7 +21,9 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def service(model: str, device: str, extra: list[str], log_path: Path, startup_timeout_s: float = 900.0):
-    """Yields (ws_url, http_url, health) of a freshly started `python -m realtime`."""
+    """Yields (ws_url, http_url, health, startup_s) of a freshly started `python -m realtime`;
+    startup_s is the wall time from the process's launch to its first healthy answer (model
+    load, kernel self-checks, graph capture and warm-up: what a restart costs a deployment)."""
     port = free_port()
     cmd = [sys.executable, "-m", "realtime", "--port", str(port), "--model", model, "--device", device,
            "--voices-dir", str(log_path.parent / f"voices-{port}"), "--no-demo", *extra]
@@ -30,7 +32,8 @@ def service(model: str, device: str, extra: list[str], log_path: Path, startup_t
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     http = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_timeout_s
+        launched = time.monotonic()
+        deadline = launched + startup_timeout_s
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"the service exited with {proc.returncode}; see {log_path}")
@@ -42,7 +45,7 @@ def service(model: str, device: str, extra: list[str], log_path: Path, startup_t
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the service did not start in {startup_timeout_s:.0f} s; see {log_path}")
                 time.sleep(0.5)
-        yield f"ws://127.0.0.1:{port}/v1/tts/live", http, health
+        yield f"ws://127.0.0.1:{port}/v1/tts/live", http, health, time.monotonic() - launched
     finally:
         proc.terminate()
         try:

@@ -143,7 +143,7 @@ load() {
     rm -rf "$work"; mkdir -p "$work"
     local extra=(); for a in "$@"; do extra+=(--server-arg="$a"); done
     timeout "$limit" python3 -m latency_bench "${bench[@]}" --concurrency "$levels" --server-arg=--max-len=1536 \
-        --server-arg=--quant="$q" "${extra[@]}" --out "$work" 2>&1 | grep -v "active=" | grep "^ *[0-9]" | sed "s/^/$name: /"
+        --server-arg=--quant="$q" "${extra[@]}" --out "$work" 2>&1 | grep -v "active=" | grep -E "^ *[0-9]|server started" | sed "s/^/$name: /"
     cp "$work/results.json" "$out/$name.json" 2>/dev/null || echo "$name: no results (cut at $limit s?)"
 }
 # per level of a load run's results.json: the step interval, the decode step's GPU time,

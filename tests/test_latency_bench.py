@@ -121,6 +121,8 @@ def test_cpu_sweep_writes_table_json_and_plot(tmp_path):
                  "--baseline", "naive", "--out", str(out)]) == 0
     data = json.loads((out / "results.json").read_text())
     assert set(data["runs"]) == {"engine", "naive"} and len(data["ratios_vs_naive"]) == 2
+    # each server's start-up (launch to first healthy answer) is recorded beside its runs
+    assert 0 < data["meta"]["engine_startup_s"] < 900 and 0 < data["meta"]["naive_startup_s"] < 900
     for lv in data["runs"]["engine"]:
         assert lv["errors"] == 0 and lv["turns"] == 2 * lv["concurrency"]
         assert lv["ttfa_s"]["p50"] > 0 and lv["frames_per_s"] > 0
