@@ -60,6 +60,7 @@
 #   bash scripts/gpu_check.sh busygate   # the reference load at c=1,16,64 in FP8 and bf16 with today's defaults, gated (~7.5 min)
 #   bash scripts/gpu_check.sh capbusy    # c=96,128 (LEVELS) with the defaults (the guard --codec-busy-streams 32 on), bf16 and FP8, a server each (~6 min)
 #   bash scripts/gpu_check.sh h200next   # busygate, then capacity's bf16 and FP8 at c=96,128 (~9 min)
+#   bash scripts/gpu_check.sh h200short  # its bf16 half only (~8 min on a fresh machine)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -787,6 +788,14 @@ h200next)
     gated_load fp8 ${FP8_S:-160}
     gated_load none ${BF16_S:-170}
     CAP_LEVELS=96,128 capacity_sweep ${CAP_S:-130} ${CAP_FP8_S:-110} ${NAIVE_S:-0}
+    ;;
+h200short)
+    # h200next's bf16 half, for a short budget on a fresh machine (its first server pays the
+    # cold Triton/cuDNN caches: an FP8 server took 149 s to start on a fresh H100): the
+    # reference load in bf16 (issue 5's setting) gated against the H200's reference, then
+    # bf16 at c=96,128 (~8 min)
+    gated_load none ${BF16_S:-290}
+    CAP_LEVELS=96,128 capacity_sweep ${CAP_S:-180} 0 0
     ;;
 busygate)
     # the defaults with --codec-busy-streams 32 on (2026-12-07): the reference load at
