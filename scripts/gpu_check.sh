@@ -59,8 +59,9 @@
 #     (CAP_S / CAP_FP8_S / NAIVE_S: each run's seconds, 0 leaving that run out; CAP_LEVELS: bf16's levels)
 #   bash scripts/gpu_check.sh busygate   # the reference load at c=1,16,64 in FP8 and bf16 with today's defaults, gated (~7.5 min)
 #   bash scripts/gpu_check.sh capbusy    # c=96,128 (LEVELS) with the defaults (the guard --codec-busy-streams 32 on), bf16 and FP8, a server each (~6 min)
-#   bash scripts/gpu_check.sh h200next   # busygate, then capacity's bf16 and FP8 at c=96,128 (~9 min)
-#   bash scripts/gpu_check.sh h200short  # its bf16 half only (~8 min on a fresh machine)
+#   bash scripts/gpu_check.sh h200next   # busygate's loads against the H200's references (~9 min), then h200cap:
+#   bash scripts/gpu_check.sh h200cap    # capacity's bf16 and FP8 at c=96,128 (~7 min, warm machine)
+#   bash scripts/gpu_check.sh h200short  # bf16 only: its load gated, then c=96,128 (~8 min on a fresh machine)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
 #   also: quick, profile, engine-s1, diagnose, timing, load+naive, tests+engine (see below)
 # The machine's image lacks starlette/uvicorn/websockets/PyAV: they travel as wheels,
@@ -779,15 +780,19 @@ capacity)
     capacity_sweep ${CAP_S:-250} ${CAP_FP8_S:-200} ${NAIVE_S:-100}
     ;;
 h200next)
-    # what the next H200 call should answer, in one call, with the defaults of 2026-12-07
-    # (the underrun guard --codec-busy-streams 32 on): the reference load at c=1,16,64 in
-    # FP8 and in bf16, gated against the H200's frozen references (made with the guard off:
-    # the FP8 c=64 TTFA p50 may fail by the guard's ~6 ms, as on the H100), then the
-    # capacity part past 64 streams (bf16 c=96,128 and FP8 96,128 with --max-running 128)
-    # (~9 min)
-    gated_load fp8 ${FP8_S:-160}
-    gated_load none ${BF16_S:-170}
-    CAP_LEVELS=96,128 capacity_sweep ${CAP_S:-130} ${CAP_FP8_S:-110} ${NAIVE_S:-0}
+    # what the next H200 calls should answer, with the defaults of 2026-12-07 (the underrun
+    # guard --codec-busy-streams 32 on). This call: the reference load at c=1,16,64 in FP8
+    # and in bf16, gated against the H200's frozen references (made with the guard off: the
+    # FP8 c=64 TTFA p50 may fail by the guard's ~6 ms, as on the H100) (~9 min; the first
+    # server on a fresh machine pays the cold Triton/cuDNN caches: an FP8 server took 149 s
+    # to start on a fresh H100, 86 s warm). Then, on the warm machine, `h200cap`.
+    gated_load fp8 ${FP8_S:-300}
+    gated_load none ${BF16_S:-250}
+    ;;
+h200cap)
+    # the capacity part past 64 streams on an H200 (bf16 c=96,128 and FP8 96,128 with
+    # --max-running 128), after h200next on the same warm machine (~7 min)
+    CAP_LEVELS=96,128 capacity_sweep ${CAP_S:-200} ${CAP_FP8_S:-200} ${NAIVE_S:-0}
     ;;
 h200short)
     # h200next's bf16 half, for a short budget on a fresh machine (its first server pays the
