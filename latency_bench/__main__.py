@@ -85,10 +85,16 @@ def synthetic_reference(seconds: float, rate: int = 44100) -> tuple[bytes, str]:
     return wav_bytes(audio, rate), text
 
 
-def git_commit() -> str:
+def git_commit(cwd: str | None = None) -> str:
+    """HEAD's short hash, with "+changes" when tracked files differ from it: a result is then
+    not HEAD's (the GPU machine runs a copy of the working tree, whose .git may lag it)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=cwd).stdout.strip()
+
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except OSError:
+        head = git("rev-parse", "--short", "HEAD")
+        return f"{head}+changes" if head and git("status", "--porcelain", "--untracked-files=no") else head
+    except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 
 

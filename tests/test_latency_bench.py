@@ -239,3 +239,26 @@ def test_engine_bench_shared_prefix_gives_every_stream_one_voice_prompt():
     plain = Runner(runner.bundle, 4, 256)
     prepare_batch(plain, 3, 100)
     assert plain.slot_prefix[:3] == [None, None, None]
+
+
+def test_results_name_the_commit_and_say_when_the_tree_differs_from_it(tmp_path):
+    """A result's meta.commit is HEAD's hash, marked "+changes" when tracked files were
+    edited (the GPU machine measures a copy of the working tree, not always HEAD)."""
+    import subprocess
+
+    from latency_bench.__main__ import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "one")
+    head = git_commit(str(tmp_path))
+    assert len(head) >= 7 and "+" not in head
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert git_commit(str(tmp_path)) == head
+    (tmp_path / "a.txt").write_text("two\n")
+    assert git_commit(str(tmp_path)) == head + "+changes"
