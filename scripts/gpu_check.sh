@@ -57,9 +57,9 @@
 #   bash scripts/gpu_check.sh tailfix    # firsttail FP8 (the codec worker's batched flush of segment ends), then bf16 c=64x2 default vs --codec-busy-streams 32, fresh servers (~6 min)
 #   bash scripts/gpu_check.sh capacity   # the reference workload at c=64,96,128 (--max-running 128) bf16, 96,128 FP8, a server each, the defaults; naive c=1 (~9 min)
 #     (CAP_S / CAP_FP8_S / NAIVE_S: each run's seconds, 0 leaving that run out; CAP_LEVELS: bf16's levels)
-#   bash scripts/gpu_check.sh busygate   # the reference load at c=1,16,64 in FP8 and bf16 with today's defaults, gated (~7.5 min)
+#   bash scripts/gpu_check.sh busygate   # the reference load at c=1,16,64 in FP8 and bf16 with today's defaults, gated (~9 min; h200next is its name for the H200 call)
 #   bash scripts/gpu_check.sh capbusy    # c=96,128 (LEVELS) with the defaults (the guard --codec-busy-streams 32 on), bf16 and FP8, a server each (~6 min)
-#   bash scripts/gpu_check.sh h200next   # busygate's loads against the H200's references (~9 min), then h200cap:
+#   bash scripts/gpu_check.sh h200next   # busygate, on an H200 (~9 min), then h200cap:
 #   bash scripts/gpu_check.sh h200cap    # capacity's bf16 and FP8 at c=96,128 (~7 min, warm machine)
 #   bash scripts/gpu_check.sh h200short  # bf16 only: its load gated, then c=96,128 (~8 min on a fresh machine)
 #   bash scripts/gpu_check.sh step       # GPU tests, engine bench with the blocks' small ops as kernels vs PyTorch, step profile, codec profile (~5 min)
@@ -779,16 +779,6 @@ capacity)
     # in the same call (~9 min)
     capacity_sweep ${CAP_S:-250} ${CAP_FP8_S:-200} ${NAIVE_S:-100}
     ;;
-h200next)
-    # what the next H200 calls should answer, with the defaults of 2026-12-07 (the underrun
-    # guard --codec-busy-streams 32 on). This call: the reference load at c=1,16,64 in FP8
-    # and in bf16, gated against the H200's frozen references (made with the guard off: the
-    # FP8 c=64 TTFA p50 may fail by the guard's ~6 ms, as on the H100) (~9 min; the first
-    # server on a fresh machine pays the cold Triton/cuDNN caches: an FP8 server took 149 s
-    # to start on a fresh H100, 86 s warm). Then, on the warm machine, `h200cap`.
-    gated_load fp8 ${FP8_S:-300}
-    gated_load none ${BF16_S:-250}
-    ;;
 h200cap)
     # the capacity part past 64 streams on an H200 (bf16 c=96,128 and FP8 96,128 with
     # --max-running 128), after h200next on the same warm machine (~7 min)
@@ -802,11 +792,15 @@ h200short)
     gated_load none ${BF16_S:-290}
     CAP_LEVELS=96,128 capacity_sweep ${CAP_S:-180} 0 0
     ;;
-busygate)
+busygate|h200next)
     # the defaults with --codec-busy-streams 32 on (2026-12-07): the reference load at
-    # c=1,16,64 in FP8 and in bf16, each gated against its frozen reference (~7.5 min)
-    gated_load fp8 ${FP8_S:-210}
-    gated_load none ${BF16_S:-230}
+    # c=1,16,64 in FP8 and in bf16, each gated against this card's frozen reference (the
+    # H200's were made with the guard off: its FP8 c=64 TTFA p50 may fail by the guard's
+    # ~6 ms, as on the H100) (~9 min; the time limits leave room for a fresh machine's cold
+    # Triton/cuDNN caches: an FP8 server took 149 s to start on a fresh H100, 86 s warm).
+    # On an H200, then `h200cap` on the warm machine.
+    gated_load fp8 ${FP8_S:-300}
+    gated_load none ${BF16_S:-250}
     ;;
 capbusy)
     # the capacity sweep's c=96 and 128 (LEVELS) with a turn's first audio of two frames
