@@ -11,7 +11,7 @@ unpacked where the PyTorch paths read them; the Triton kernels read the codes di
 - fast: the fast transformer's per-frame scratch; row b of the batch, step `step` of
   the frame (the fast KV restarts every frame).
 
-Decode attention has two implementations behind one switch (`DecodeMeta.kernel`): the
+Decode attention has two implementations behind one switch (the plan's `attention`): the
 plain-PyTorch reference (a gather of the batch's rows and a length mask over `kv_len`
 positions), and the Triton kernel of kernels/decode_attention.py, which reads each row
 only up to its own length and needs no gather (the GPU default).
@@ -25,13 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine.kernel_plan import REFERENCE, KernelPlan
+from kernels.decode_attention import decode_attention
+from kernels.fast_attention import fast_attention
 from kernels.kv_fp8 import is_packed, load_form, store_form
+from kernels.kv_fp8_store import store_kv_fp8
+from kernels.prefill_attention import prefill_attention
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillMeta:
     slot: int  # KV row of the stream
     start: int  # position of the first new token
+    plan: KernelPlan = REFERENCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +49,12 @@ class BatchPrefillMeta:
     lengths: Tensor  # [B] int64 real (unpadded) new tokens per stream
     kv_len: int  # attend over positions [0, kv_len); >= every start + length
     scratch_row: int  # padded positions write here
-    # the Triton decode-attention kernel, one query position per program row: each
-    # query reads its own row up to its own position, so nothing depends on the host's
-    # lengths and the whole prefill can be captured in a CUDA graph (engine/runner.py)
-    kernel: bool = False
-    # with `kernel`: kernels/prefill_attention.py instead, a block of a stream's new
-    # positions per program reading each key block once for all of them (bf16 / fp32
-    # caches; an FP8 cache keeps the per-query kernel)
-    blocked: bool = False
+    # plan.attention: the Triton kernels read each query's row up to its own position, so
+    # nothing depends on the host's lengths and the prefill can be captured in a CUDA
+    # graph; plan.blocked_prefill: a block of a stream's new positions per program reading
+    # each key block once for all of them (kernels/prefill_attention.py; bf16 / fp32
+    # caches), else one decode query per position (the FP8 cache's path)
+    plan: KernelPlan = REFERENCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +62,7 @@ class DecodeMeta:
     slots: Tensor  # [B] int64, KV row of each stream
     positions: Tensor  # [B] int64, position of each stream's new token
     kv_len: int  # attend over positions [0, kv_len); must exceed every positions[b]
-    kernel: bool = False  # the Triton decode-attention kernel (reads each row to its length)
-    # the Triton kernel that norms, rotates and caches q/k/v in one launch
-    # (kernels/qk_rope_kv.py; engine/layers.py Attention.forward takes that path)
-    fused_qkv: bool = False
+    plan: KernelPlan = REFERENCE  # attention: the Triton kernel (reads each row to its length)
     # positions + 1, the kernel's per-row lengths: made once per step, not once per layer
     lengths: Tensor | None = None
     # the kernel only: [B] int64 each, stream b reads its first prefix_lens[b] positions
@@ -69,16 +70,12 @@ class DecodeMeta:
     # (kernels/decode_attention.py, shared voice prefixes); None: every stream its own row
     prefix_rows: Tensor | None = None
     prefix_lens: Tensor | None = None
-    # set only with prefix rows: each voice's prompt attended once for all the streams of
-    # the step that read it (kernels/cascade_attention.py; the same attention up to rounding)
-    cascade: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class FastMeta:
     step: int  # 0 = slow hidden state, i = code i-1 (i < num_codebooks)
-    fused_qkv: bool = False  # kernels/qk_rope_kv.py writes row b's k/v at `step`
-    kernel: bool = False  # attention through kernels/fast_attention.py
+    plan: KernelPlan = REFERENCE  # step: attention through kernels/fast_attention.py
 
 
 AttentionMeta = PrefillMeta | BatchPrefillMeta | DecodeMeta | FastMeta
@@ -131,22 +128,21 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
     valid = j[None, :] < meta.lengths[:, None]  # [B, S]
     pos = meta.starts[:, None] + j[None, :]  # [B, S]
     flat = torch.where(valid, meta.slots[:, None] * length + pos, meta.scratch_row * length).flatten()
-    _write_rows(k_cache, flat, k.flatten(0, 1))
-    _write_rows(v_cache, flat, v.flatten(0, 1))
-    if meta.kernel and meta.blocked and not is_packed(k_cache):
-        from kernels.prefill_attention import prefill_attention
-
+    _write_rows(k_cache, flat, k.flatten(0, 1), meta.plan)
+    _write_rows(v_cache, flat, v.flatten(0, 1), meta.plan)
+    plan = meta.plan
+    if plan.attention and plan.blocked_prefill and not is_packed(k_cache):
         # the padded positions' keys went to the scratch row above; their outputs are zeros
-        return prefill_attention(q, k_cache, v_cache, meta.slots, meta.starts, meta.lengths, max_length=meta.kv_len)
-    if meta.kernel:
-        from kernels.decode_attention import decode_attention
-
+        return prefill_attention(q, k_cache, v_cache, meta.slots, meta.starts, meta.lengths, max_length=meta.kv_len,
+                                 pdl=plan.pdl)
+    if plan.attention:
         # query (b, j) is a decode query of row slots[b] with length pos + 1: it sees the
         # keys up to its own position, this segment's included (written just above).
         # Padded queries read position 0 of the scratch row (written above too).
         q_rows = torch.where(valid, meta.slots[:, None], meta.scratch_row).flatten()
         q_lengths = torch.where(valid, pos + 1, 1).flatten()
-        out = decode_attention(q.flatten(0, 1), k_cache, v_cache, q_rows, q_lengths, max_length=meta.kv_len)
+        out = decode_attention(q.flatten(0, 1), k_cache, v_cache, q_rows, q_lengths, max_length=meta.kv_len,
+                               pdl=plan.pdl)
         return out.view(q.shape)
     keys = load_form(k_cache[meta.slots, : meta.kv_len], q.dtype)  # [B, kv_len, K, Dh]
     values = load_form(v_cache[meta.slots, : meta.kv_len], q.dtype)
@@ -157,14 +153,12 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
     return _sdpa(q, keys, values, mask[:, None])
 
 
-def _write_rows(cache: Tensor, flat: Tensor, x: Tensor) -> None:
+def _write_rows(cache: Tensor, flat: Tensor, x: Tensor, plan: KernelPlan) -> None:
     """x [N, K, Dh] into the cache's positions `flat` (row * L + position). A packed FP8
     cache on a GPU is written by one Triton launch (kernels/kv_fp8_store.py), not the ~10
     of packing in PyTorch."""
     if cache.is_cuda and is_packed(cache):
-        from kernels.kv_fp8_store import store_kv_fp8
-
-        store_kv_fp8(x, cache, flat)
+        store_kv_fp8(x, cache, flat, pdl=plan.pdl)
         return
     cache.view(-1, *cache.shape[2:]).index_copy_(0, flat, store_form(x, cache))
 
@@ -172,20 +166,17 @@ def _write_rows(cache: Tensor, flat: Tensor, x: Tensor) -> None:
 def _decode(q, k, v, k_cache, v_cache, meta: DecodeMeta) -> Tensor:
     length = k_cache.shape[1]
     flat = meta.slots * length + meta.positions  # [B] index into [rows * L]
-    _write_rows(k_cache, flat, k[:, 0])
-    _write_rows(v_cache, flat, v[:, 0])
+    _write_rows(k_cache, flat, k[:, 0], meta.plan)
+    _write_rows(v_cache, flat, v[:, 0], meta.plan)
     return decode_cached(q, k_cache, v_cache, meta)
 
 
 def decode_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: DecodeMeta) -> Tensor:
     """Decode attention over caches that already hold the new position. q: [B, 1, H, Dh]."""
-    if meta.kernel:
-        from kernels.decode_attention import decode_attention
-
+    if meta.plan.attention:
         lengths = meta.lengths if meta.lengths is not None else meta.positions + 1
         out = decode_attention(q[:, 0], k_cache, v_cache, meta.slots, lengths, max_length=meta.kv_len,
-                               prefix_rows=meta.prefix_rows, prefix_lens=meta.prefix_lens,
-                               cascade=meta.cascade)
+                               prefix_rows=meta.prefix_rows, prefix_lens=meta.prefix_lens, pdl=meta.plan.pdl)
         return out[:, None]
     keys = load_form(k_cache[meta.slots, : meta.kv_len], q.dtype)  # gather: [B, kv_len, K, Dh]
     values = load_form(v_cache[meta.slots, : meta.kv_len], q.dtype)
@@ -210,8 +201,6 @@ def fast_cached(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta) -> 
     """Fast-transformer attention over caches that already hold step `meta.step`.
     q: [B, 1, H, Dh]."""
     b, step = q.shape[0], meta.step
-    if meta.kernel:
-        from kernels.fast_attention import fast_attention
-
-        return fast_attention(q[:, 0], k_cache, v_cache, step)[:, None]
+    if meta.plan.step:
+        return fast_attention(q[:, 0], k_cache, v_cache, step, pdl=meta.plan.pdl)[:, None]
     return _sdpa(q, k_cache[:b, : step + 1], v_cache[:b, : step + 1], None)

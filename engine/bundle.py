@@ -23,6 +23,7 @@ from engine.codec.model import Codec
 from engine.config import PRESETS, ModelConfig, preset
 from engine.model import DualARModel
 from engine.prompt import PromptBuilder
+from engine.quant import quantize_model_
 from engine.tokenizer import IM_END, TextTokenizer
 
 ASSETS = Path(__file__).parent / "assets"
@@ -62,11 +63,7 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-# "fp8-swiglu-epilogue": fp8 with the MLP's SwiGLU in the gate/up GEMM's epilogue
-# (engine/quant.py FP8FeedForward; measured slower than fp8 on an H100, 2026-12-05: opt-in);
-# "fp8-mlp-one-launch": that layout with both of the MLP's GEMMs in one persistent launch
-# (kernels/fp8_mlp.py; measured slower than fp8 on an H100, 2026-12-06: opt-in)
-QUANT_MODES = ("none", "fp8", "fp8-swiglu-epilogue", "fp8-mlp-one-launch")
+QUANT_MODES = ("none", "fp8")
 
 
 def load_bundle(
@@ -77,8 +74,8 @@ def load_bundle(
     quant: str = "none",
 ) -> ModelBundle:
     """`quant="fp8"` swaps every linear layer of the slow and fast transformers for
-    block-scaled FP8 (engine/quant.py; the Triton kernels on a GPU, their PyTorch
-    reference on a CPU; measured on an H200 in kernels/FP8_NOTES.md)."""
+    block-scaled FP8 (engine/quant.py; the kernel plan picks the Triton kernels or their
+    PyTorch references)."""
     if quant not in QUANT_MODES:
         raise ValueError(f"unknown quantization {quant!r}; known: {', '.join(QUANT_MODES)}")
     device = resolve_device(device)
@@ -99,11 +96,8 @@ def load_bundle(
             raise CheckpointError(f"{folder}: missing codec.pth (needed to turn codes into audio)")
         codec = load_codec(folder / "codec.pth", device=device, dtype=dtype)
     _check_codec_fits(model.config, codec, spec)
-    if quant.startswith("fp8"):
-        from engine.quant import quantize_model_
-
-        quantize_model_(model, kernel=torch.device(device).type == "cuda",
-                        swiglu_epilogue=quant == "fp8-swiglu-epilogue", one_launch=quant == "fp8-mlp-one-launch")
+    if quant == "fp8":
+        quantize_model_(model)
     return ModelBundle(
         name=spec,
         model=model,

@@ -3,7 +3,7 @@
 - prefill thread: voice prefixes when a stream opens (or a copy from the voice cache,
   ahead of waiting segments), text segments as they arrive; samples each segment's first
   frame, hands it to the codec, then makes its second frame (one frame step of the
-  prefill's batch, EngineConfig.prefill_second_frame);
+  prefill's batch);
 - decode thread: one batched step for every decoding stream, launched before the
   previous step is read (the host reads frames one step late);
 - codec thread: code frames to PCM, batched across streams.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,174 +29,21 @@ import torch
 
 from engine.audio import AudioError, load_audio
 from engine.bundle import ModelBundle
-from engine.codec_worker import BUSY_FIRST_FRAMES, CHUNKS, DEFAULT_BUSY_STREAMS, CodecWorker, batch_buckets, chunk_sizes
+from engine.codec_worker import CodecWorker
 from engine.gpu_errors import device_lost
-from engine.kv_cache import KV_QUANTS
+from engine.kernel_plan import REFERENCE, build_plan
 from engine.prompt import Reference, Voice
-from engine.runner import MAX_PREFILL_BATCH, PREFILL_ATTENTION, Runner
+from engine.runner import MAX_PREFILL_BATCH, Runner
 from engine.sampling import SamplingParams
 from engine.scheduler import PrefillWork, Refused, Scheduler, Segment, Stream
+from engine.settings import BenchSettings, EngineConfig
 from engine.timeshare import Phases
 from engine.voice import LRUBytes, ReferenceInput, VoiceInput
 
 log = logging.getLogger("engine")
 
-__all__ = ["Engine", "EngineConfig", "EngineError", "EngineFailed", "Refused", "StreamParams", "StreamSink", "VoiceInput"]
-
-
-CODEC_KERNELS = ("all", "snake", "off")  # EngineConfig.codec_kernels
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    max_running: int = 8  # streams holding a KV slot (open connections)
-    max_queued: int = 16  # streams waiting for a slot; more are refused
-    max_len: int = 4096  # KV positions per stream (voice prefix + context)
-    voice_cache_bytes: int = 1 << 30  # device memory for cached voice prefixes
-    max_reference_seconds: float = 30.0
-    # "fp8": the slow transformer's KV cache as e4m3 codes with a scale per position and
-    # head (kernels/kv_fp8.py): 0.56x the memory per stream, so more streams or context
-    # fit; measured on an H200 it does not make the step faster (README, FP8 section)
-    kv_quant: str = "none"
-    # Baseline for benchmarks: one utterance at a time, the host waits for every step
-    # (no pipelining), no CUDA graphs. Never faster; it exists to be compared against.
-    naive: bool = False
-    log_timing: bool = False  # log each segment's say -> prefill -> first audio times
-    # Python's GIL switch interval while the engine runs (None: leave it). The decode
-    # thread gives the GIL up at every step (graph launch, waiting for a step) and must
-    # then wait for it; with the default 5 ms, each wait can last 5 ms behind a busy
-    # event loop or codec thread: on an H200 at 64 connections a step took ~21 ms in the
-    # service against 11 ms alone.
-    gil_switch_interval_s: float | None = 0.0005
-    # the codec worker holds frames back, to decode and send them four at a time, while a
-    # stream's audio leads its real-time playback by more than this (None: never hold;
-    # engine/codec_worker.py)
-    codec_hold_lead_s: float | None = 0.3
-    # the most frames of one stream in one codec call (1, 2, 4, 8 or 16); held frames go
-    # out in chunks up to this size (engine/codec_worker.py)
-    codec_max_chunk: int = CHUNKS[0]
-    # frames a turn's first audio waits for (1, or a chunk size up to codec_max_chunk): 2
-    # gives a real-time player two frames of audio to play while the third is made
-    codec_first_frames: int = 1
-    # under load: from this many streams with audio in progress (0: never), a new turn's
-    # first audio waits for two frames instead of codec_first_frames frames, so the TTFA of
-    # a lightly loaded service stays at one frame and a saturated one gets the underrun
-    # guard of two (engine/codec_worker.py, _first_frames_now). None (the default): 32
-    # where the codec's chunk sizes include two frames, else 0
-    codec_busy_streams: int | None = None
-    # the prefill thread also makes each segment's second frame (one small frame step of
-    # the prefill's streams, engine/runner.py second_frames) instead of leaving it to
-    # the decode batch, where it came 2-3 steps later: a turn's first audio (one frame,
-    # 46 ms at 21.5 frames/s) then has its second behind it before it has played out.
-    # Off in the naive baseline.
-    prefill_second_frame: bool = True
-    # Decode steps of one stream run their linear layers through the GEMV kernel
-    # (engine/small_batch.py) on a GPU where it matches its reference; False: the GEMMs
-    # at every batch (an A/B baseline). Off in the naive baseline.
-    gemv: bool = True
-    # the single-stream decode graph's Triton kernels launch with programmatic dependent
-    # launch on a GPU that supports it (Hopper on; kernels/pdl.py, engine/runner.py
-    # PDL_BATCHES): each one's launch overlaps the work of the one before. False: one
-    # after another (an A/B baseline). Off in the naive baseline.
-    pdl: bool = True
-    # with pdl, every decode graph is captured with PDL instead of PDL_BATCHES' (batch 1):
-    # measured on an H100 with the TMA table (2026-12-06, engine step alone, context 800)
-    # 1.02x at batch 54 and 64, 1.00x at 16; on an H200 with the table before, 0.96x at 16
-    # (FP8): an A/B arm for the load, off until a load says it pays
-    pdl_all_batches: bool = False
-    # decode attention reads the voice prompt's positions of streams with the same voice
-    # from one of their rows in the step (engine/runner.py, shared voice prefixes): the
-    # same output, fewer HBM bytes when many streams share a voice. Measured on an H100
-    # (2026-12-06, batch 64, 340-position prompt): attention alone 1.10-1.13x (bf16 cache)
-    # and 1.01-1.07x (FP8), the FP8 load at c=64 1.01x frames/s
-    # (latency_bench/reference/h100-s2pro/shared-prefix-first2/). Only where decode
-    # attention is the Triton kernel (a GPU); off in the naive baseline.
-    shared_prefix_reads: bool = True
-    # cascade decode attention over the same shared prefixes (kernels/cascade_attention.py):
-    # each voice prompt attended once for all the streams of a step that speak with it
-    # (their query rows stacked in one dot), the rest of each stream's context as now; the
-    # same attention up to rounding, not the same bits. Measured on an H100 (2026-12-06,
-    # latency_bench/RESULTS.md): alone 0.84-1.11x against the shared reads, the step at
-    # batch 54-64 1.00-1.01x, the FP8 load at c=64 0.99x: off, an A/B arm. Only where
-    # decode attention is the Triton kernel; off in the naive baseline.
-    prefix_cascade: bool = False
-    # the chunked prefill's attention (a GPU): "blocked" (16 new positions of a stream per
-    # program, each key block read once for all of them; kernels/prefill_attention.py) or
-    # "per-query" (each new position one decode query: it reads its stream's whole context
-    # alone; the baseline). Measured on an H100 (2026-12-06, latency_bench/RESULTS.md):
-    # 16 segments of 40 tokens after a 340-position voice 33.6 -> 21.1 ms (1.59x), and at
-    # 64 connections a lower TTFA (FP8 p50 110/76 -> 78/63 ms, bf16 120/104 -> 92/93) and
-    # 1.01-1.04x the frames/s. With an FP8 KV cache (kv_quant "fp8") the prefill stays
-    # per-query: the blocked kernel reads bf16 caches only (engine/attention.py)
-    prefill_attention: str = "blocked"
-    # streams well ahead of real time send their full chunks to the codec together, at
-    # most this often (0: each as soon as its chunk is full): fewer, fuller codec calls
-    codec_release_interval_s: float = 0.0
-    # the codec's Triton kernels, each used on a GPU once it has matched its reference
-    # there: "all" (Snake and the state kernels, engine/codec/streaming.py says which),
-    # "snake" (the Snake kernel only), "off" (the codec's PyTorch path): A/B baselines,
-    # or a way around a kernel that misbehaves on some GPU
-    codec_kernels: str = "all"
-    # a frame of a stream near the start of its audio (a turn's first frames, or a lead
-    # over playback of at most codec_hold_lead_s) that reaches the codec worker while it
-    # decodes a round cuts the round short before its next call (the rest goes out in
-    # the next round, after it): measured on H100/H200 at 64 connections, the gaps of a
-    # real-time player began after a turn's first or second frame, each a small codec
-    # call queued behind rounds of up to 64 streams x 4 frames (README, "Where the c=64
-    # gaps come from"). Off: measured on an H100 at 64 connections (2026-12-06), no change
-    # in frames/s and its underrun counts within the spread of repeated runs.
-    codec_cut_in: bool = False
-    # the codec calls' batch sizes (engine/codec_worker.py batch_buckets): 0, powers of two
-    # (the default, measured); N, powers of two up to N and then every multiple of N, so
-    # fewer of a call's rows are padding (more CUDA graphs). Measured on an H100 at 64
-    # connections with a 50 ms shared release (2026-12-06): padding 32% -> 5% and 0.84x
-    # the codec's GPU time a frame, but 1.01x the frames/s and a TTFA p99 of ~1.2 s
-    codec_bucket_step: int = 0
-    # a diagnosis, never for serving: the codec worker skips the codec and hands out
-    # silence of the right length, so a load run measures the decode loop (steps,
-    # prefills, frame hand-off, audio messages) with no codec work on the GPU beside it:
-    # the baseline that splits the c=64 step's slowdown between the codec and the rest
-    codec_silent: bool = False
-    # On a CPU device: torch's intra-op threads while the engine runs (None: half the
-    # cores, at least one). The decode thread and the codec worker compute at the same
-    # time, so each all-core OpenMP team of one waits on cores the other holds: measured on
-    # 2 cores with the default voice, one connection, the service's real-time factor was
-    # 0.57 with 2 threads and 0.34 with 1. Ignored on a GPU.
-    cpu_threads: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
-            raise ValueError("max_running >= 1, max_queued >= 0 and max_len >= 64 are required")
-        if self.cpu_threads is not None and not 1 <= self.cpu_threads <= 1024:
-            raise ValueError(f"cpu_threads must be None (auto) or in 1..1024, got {self.cpu_threads}")
-        if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:
-            raise ValueError(f"codec_hold_lead_s must be None or in 0..30 s, got {self.codec_hold_lead_s}")
-        if self.pdl_all_batches and not self.pdl:
-            raise ValueError("pdl_all_batches captures every decode graph with PDL: it cannot go with pdl off")
-        if self.prefix_cascade and not self.shared_prefix_reads:
-            raise ValueError("prefix_cascade reads each voice prompt from the shared prefix rows: it cannot go with "
-                             "shared_prefix_reads off")
-        if self.prefill_attention not in PREFILL_ATTENTION:
-            raise ValueError(f"prefill_attention must be one of {PREFILL_ATTENTION}, got {self.prefill_attention!r}")
-        if not 0 <= self.codec_release_interval_s <= 1:
-            raise ValueError(f"codec_release_interval_s must be in 0..1 s, got {self.codec_release_interval_s}")
-        chunks = chunk_sizes(self.codec_max_chunk)  # raises ValueError on a size it does not offer
-        if self.codec_first_frames not in chunks:
-            raise ValueError(f"codec_first_frames must be one of {chunks} (at most codec_max_chunk), "
-                             f"got {self.codec_first_frames}")
-        if self.codec_busy_streams is None:
-            self.codec_busy_streams = DEFAULT_BUSY_STREAMS if BUSY_FIRST_FRAMES in chunks else 0
-        if self.codec_busy_streams < 0 or (self.codec_busy_streams and BUSY_FIRST_FRAMES not in chunks):
-            raise ValueError(f"codec_busy_streams must be 0 (off) or positive, with {BUSY_FIRST_FRAMES} among the "
-                             f"chunk sizes {chunks}; got {self.codec_busy_streams}")
-        if self.codec_kernels not in CODEC_KERNELS:
-            raise ValueError(f"codec_kernels must be one of {CODEC_KERNELS}, got {self.codec_kernels!r}")
-        if self.kv_quant not in KV_QUANTS:
-            raise ValueError(f"kv_quant must be one of {KV_QUANTS}, got {self.kv_quant!r}")
-        try:
-            batch_buckets(self.max_running + 1, self.codec_bucket_step)
-        except ValueError as e:
-            raise ValueError(f"codec_bucket_step: {e}") from None
+__all__ = ["BenchSettings", "Engine", "EngineConfig", "EngineError", "EngineFailed", "Refused", "StreamParams",
+           "StreamSink", "VoiceInput"]
 
 
 @dataclass(slots=True)
@@ -289,23 +135,19 @@ class Engine:
     def __init__(self, bundle: ModelBundle, config: EngineConfig | None = None) -> None:
         self.bundle = bundle
         self.config = config or EngineConfig()
-        c = self.config
-        # the naive baseline runs eager: no CUDA graphs
-        self.runner = Runner(bundle, c.max_running, c.max_len, cuda_graphs=False if c.naive else None,
-                             kv_quant=c.kv_quant, gemv=False if c.naive or not c.gemv else None,
-                             pdl=False if c.naive or not c.pdl else None, pdl_all_batches=c.pdl_all_batches,
-                             shared_prefix=c.shared_prefix_reads and not c.naive,
-                             prefix_cascade=c.prefix_cascade and not c.naive,
-                             prefill_attention=c.prefill_attention)
-        self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=c.naive)
-        self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if c.naive else c.codec_hold_lead_s,
+        c, bench = self.config, self.config.bench
+        naive = bench.naive  # the baseline: eager (no CUDA graphs), no pipelining, no holding
+        plan = REFERENCE if c.reference_kernels else build_plan(
+            bundle.model, bundle.device, bundle.dtype, c.kv_quant, gemv_on=bench.gemv and not naive,
+            pdl_on=bench.pdl and not naive)
+        self.runner = Runner(bundle, c.max_running, c.max_len, plan, kv_quant=c.kv_quant,
+                             cuda_graphs=False if naive else None,
+                             shared_prefix=bench.shared_prefix_reads and not naive)
+        self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=naive)
+        self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,
-                                 busy_streams=0 if c.naive else c.codec_busy_streams,
-                                 release_interval_s=c.codec_release_interval_s,
-                                 snake_kernel=None if c.codec_kernels != "off" else False,
-                                 state_kernels=None if c.codec_kernels == "all" else False,
-                                 cut_in=c.codec_cut_in and not c.naive,
-                                 bucket_step=c.codec_bucket_step, silent=c.codec_silent)
+                                 busy_streams=0 if naive else c.codec_busy_streams,
+                                 kernels=False if c.reference_kernels else None)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         # why the engine cannot serve (a worker thread stopped), None while it can: open()
         # refuses new streams with it, and the service's health check reports it
@@ -333,8 +175,6 @@ class Engine:
     # --- lifecycle --------------------------------------------------------------------
 
     def start(self) -> "Engine":
-        if self.config.gil_switch_interval_s is not None:
-            sys.setswitchinterval(self.config.gil_switch_interval_s)
         if self.bundle.device.type == "cpu":  # before the engine's threads first run an op
             torch.set_num_threads(self.config.cpu_threads or cpu_threads_auto())
         self.codec.warm_up()
@@ -440,7 +280,6 @@ class Engine:
             **self.decode_phases.snapshot("decode"),
             **self.prefill_phases.snapshot("prefill"),
             "codec_calls": self.codec.calls,
-            "codec_cuts": self.codec.cuts,
             "codec_frames": self.codec.frames_decoded,
             "codec_padded_frames": self.codec.frames_padded,
             "codec_gpu_seconds": round(self.codec.gpu_s, 6),
@@ -450,7 +289,7 @@ class Engine:
     # --- prefill thread ---------------------------------------------------------------
 
     def _prefill_loop(self) -> None:
-        limit = 1 if self.config.naive else MAX_PREFILL_BATCH
+        limit = 1 if self.config.bench.naive else MAX_PREFILL_BATCH
         phases = self.prefill_phases
         while True:
             phases.to("idle")
@@ -503,9 +342,7 @@ class Engine:
         if codes is None:
             codec = self.bundle.codec
             wav = load_audio(ref.audio, codec.sample_rate, max_seconds=self.config.max_reference_seconds)
-            dtype = next(codec.parameters()).dtype
-            with self.runner._prefill_lock, self.runner._on_prefill_stream(), torch.inference_mode():
-                codes = codec.encode(torch.from_numpy(wav).to(self.bundle.device, dtype)[None])[0].cpu()
+            codes = self.runner.encode_audio(codec, wav)
             self.codes_cache.put(key, codes)
         return codes
 
@@ -551,7 +388,7 @@ class Engine:
 
             def prepare(work, handle, prepared=prepared):
                 tokens = self._segment_tokens(work)
-                self.runner._check_room(work.start, tokens.shape[1])
+                self.runner.check_room(work.start, tokens.shape[1])
                 prepared["item"] = (work, tokens, handle.sampling_for_next_segment())
 
             if self._guarded(work, prepare):
@@ -575,7 +412,7 @@ class Engine:
                 t.append(time.perf_counter())
         self.prefills += len(items)
         emitted, joined = [], []
-        second = self.config.prefill_second_frame and not self.config.naive
+        second = self.config.bench.prefill_second_frame and not self.config.bench.naive
         with self._lock:
             for (work, tokens, _), frame in zip(items, frames):
                 if self.sched.segment_done(work.stream, work, tokens.shape[1], second_frame=second):
@@ -653,7 +490,7 @@ class Engine:
                 if pending is not None:
                     self._read_step(*pending)
                 pending = launched
-                if self.config.naive and pending is not None:  # host sync after every step
+                if self.config.bench.naive and pending is not None:  # host sync after every step
                     self._read_step(*pending)
                     pending = None
             except Exception as e:  # one failed step must not stall every stream

@@ -13,11 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from engine.kernel_plan import REFERENCE, KernelPlan
 from engine.kv_cache import FastCache, KVCache
 from engine.model import DualARModel
 from engine.sampling import (
     MAX_TOP_K, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P, SamplingTensors, frame_gumbel, sample_codebook, sample_semantic,
 )
+from kernels.sample import sample_tokens
 
 
 def check_window(window: Tensor, frame_codes: Tensor) -> None:
@@ -50,22 +52,20 @@ def sample_frame(
     params: SamplingTensors,
     window: Tensor,
     frame_index: Tensor,
-    fused_qkv: bool = False,
+    plan: KernelPlan = REFERENCE,
 ) -> Tensor:
     """Sample a frame from the slow head's output. head_logits: [B, num_semantic + 1];
     fast_in: [B, fast_dim]; window: int32 [B, W, C]; frame_index: [B] int64 (noise
     counter per stream). Returns the frame [B, 1 + C] int64."""
     c = model.config
     penalize = c.uses_repetition_penalty
-    if model.step_kernels and not penalize:  # each draw one Triton launch (kernels/sample.py)
-        from kernels.sample import sample_tokens
-
+    if plan.step and not penalize:  # each draw one Triton launch (kernels/sample.py)
         def semantic_draw() -> Tensor:
             ras = (window[:, :, 0], c.num_semantic, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P)
-            return sample_tokens(head_logits, params, frame_index, 0, MAX_TOP_K, ras)
+            return sample_tokens(head_logits, params, frame_index, 0, MAX_TOP_K, ras, pdl=plan.pdl)
 
         def codebook_draw(logits: Tensor, i: int) -> Tensor:
-            return sample_tokens(logits, params, frame_index, i, MAX_TOP_K)
+            return sample_tokens(logits, params, frame_index, i, MAX_TOP_K, pdl=plan.pdl)
     else:
         gumbel = frame_gumbel(params, frame_index, c.num_codebooks)  # [B, C + 1, K]: every draw's noise
 
@@ -81,9 +81,9 @@ def sample_frame(
     token = torch.where(is_end, c.im_end_id, c.semantic_begin_id + row)
     code = torch.where(is_end, 0, row)  # the end frame's codes are never decoded
     codes = [code]
-    model.fast_step(fast_in, 0, fast, fused_qkv)
+    model.fast_step(fast_in, 0, fast, plan)
     for i in range(1, c.num_codebooks):
-        logits = model.fast_step(model.fast_embeddings(code), i, fast, fused_qkv)[:, : c.fast_vocab]
+        logits = model.fast_step(model.fast_embeddings(code), i, fast, plan)[:, : c.fast_vocab]
         code = codebook_draw(logits, i)
         codes.append(code)
     return torch.stack([token, *codes], dim=1)
@@ -100,14 +100,11 @@ def decode_frame(
     params: SamplingTensors,
     window: Tensor,
     frame_index: Tensor,
-    attention_kernel: bool = False,
-    fused_qkv: bool = False,
+    plan: KernelPlan = REFERENCE,
     prefix: tuple[Tensor, Tensor] | None = None,
-    cascade: bool = False,
 ) -> Tensor:
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
     the next frame [B, 1 + C]. `prefix`: where each stream's voice prompt is read from
-    (model.decode_slow), and with `cascade`, attended once for the streams that share it."""
-    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, attention_kernel, fused_qkv, prefix,
-                                             cascade)
-    return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index, fused_qkv)
+    (model.decode_slow)."""
+    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, plan, prefix)
+    return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index, plan)

@@ -12,6 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.attention import AttentionMeta, DecodeMeta, FastMeta, attend, decode_cached, fast_cached, write_fast_kv
+from engine.kernel_plan import REFERENCE, KernelPlan
+from engine.linear import project
+from kernels.add_rms_norm import add_rms_norm
+from kernels.qk_rope_kv import qk_rope_kv
 
 
 class RMSNorm(nn.Module):
@@ -84,19 +88,16 @@ class FeedForward(nn.Module):
         """[2H, D]: the gate (w1) rows, then the up (w3) rows, fused or not."""
         return self.w13.weight if self.fused else torch.cat([self.w1.weight, self.w3.weight])
 
-    def forward(self, x: Tensor, kernel: bool = False) -> Tensor:
-        """`kernel` (fused gate/up only): silu(gate) * up as one Triton launch (kernels/swiglu.py)."""
+    def forward(self, x: Tensor, plan: KernelPlan = REFERENCE, codes=None) -> Tensor:
+        """With the plan's step kernels (fused gate/up only) silu(gate) * up is one Triton
+        launch (kernels/swiglu.py), or inside the one-row GEMV. `codes`: FP8 layers only."""
         if self.fused:
-            if kernel:
-                gate_up = self.w13(x)
-                if hasattr(self.w2, "max_rows"):  # engine/small_batch.py GemvLinear: the SwiGLU inside
-                    return self.w2(gate_up, swiglu=True)
-                from kernels.swiglu import swiglu
-
-                return self.w2(swiglu(gate_up))
-            gate, up = self.w13(x).split(self.hidden, dim=-1)
-            return self.w2(F.silu(gate) * up)
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            gate_up = project(self.w13, x, plan)
+            if plan.step:
+                return project(self.w2, gate_up, plan, swiglu=True)
+            gate, up = gate_up.split(self.hidden, dim=-1)
+            return project(self.w2, F.silu(gate) * up, plan)
+        return project(self.w2, F.silu(project(self.w1, x, plan)) * project(self.w3, x, plan), plan)
 
 
 class Attention(nn.Module):
@@ -123,7 +124,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(head_dim, eps)
             self.k_norm = RMSNorm(head_dim, eps)
 
-    def qkv(self, x: Tensor, cos_sin: Tensor, codes=None) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, x: Tensor, cos_sin: Tensor, codes=None, plan: KernelPlan = REFERENCE) -> tuple[Tensor, Tensor, Tensor]:
         """x: [B, S, D] -> q [B, S, H, Dh], k and v [B, S, K, Dh], QK-normed and rotated.
 
         q and k are normed and rotated together, as one [B, S, H + K, Dh] view of the
@@ -132,7 +133,7 @@ class Attention(nn.Module):
         upstream order: normalize in fp32, cast back, then scale by q_norm / k_norm."""
         b, s, _ = x.shape
         h, kv, dh = self.n_head, self.n_kv_head, self.head_dim
-        qkv = self._project(x, codes)
+        qkv = project(self.wqkv, x, plan, codes)
         qk = qkv[..., : (h + kv) * dh].view(b, s, h + kv, dh)
         v = qkv[..., (h + kv) * dh :].view(b, s, kv, dh)
         if self.qk_norm:
@@ -142,48 +143,43 @@ class Attention(nn.Module):
         q, k = qk.split([h, kv], dim=2)
         return q, k, v
 
-    def _project(self, x: Tensor, codes) -> Tensor:
-        """wqkv(x); `codes` (FP8 layers only, engine/quant.py): x's rows already quantized by
-        the norm that made x (kernels/add_rms_norm.py), which the FP8 GEMM takes as they are."""
-        return self.wqkv(x) if codes is None else self.wqkv(x, codes)
-
     def forward(
         self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta, codes=None,
     ) -> Tensor:
-        # x: [B, S, D] -> [B, S, D]; codes: see _project
+        # x: [B, S, D] -> [B, S, D]; codes: x's rows already quantized by the norm that made
+        # x (FP8 layers only: kernels/add_rms_norm.py), which the FP8 GEMM takes as they are
         b, s, _ = x.shape
-        if isinstance(meta, DecodeMeta) and meta.fused_qkv:
-            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions, codes)
+        plan = meta.plan
+        if isinstance(meta, DecodeMeta) and plan.fused_qkv:
+            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions, plan, codes)
             y = decode_cached(q, k_cache, v_cache, meta)
-        elif isinstance(meta, FastMeta) and meta.fused_qkv:
-            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, codes)
+        elif isinstance(meta, FastMeta) and plan.fused_qkv:
+            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, plan, codes)
             y = fast_cached(q, k_cache, v_cache, meta)
         else:
-            q, k, v = self.qkv(x, cos_sin, codes)
+            q, k, v = self.qkv(x, cos_sin, codes, plan)
             y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
-        return self.wo(y.reshape(b, s, self.n_head * self.head_dim))
+        return project(self.wo, y.reshape(b, s, self.n_head * self.head_dim), plan)
 
     def write_kv(self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta,
                  codes=None) -> None:
         """The keys and values of x's one new position into the fast cache, no attention."""
-        if meta.fused_qkv:
-            self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, codes)
+        if meta.plan.fused_qkv:
+            self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, meta.plan, codes)
         else:
-            _, k, v = self.qkv(x, cos_sin, codes)
+            _, k, v = self.qkv(x, cos_sin, codes, meta.plan)
             write_fast_kv(k, v, k_cache, v_cache, meta.step)
 
     def _qkv_into_cache(
         self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Tensor | None,
-        positions: Tensor | int, codes=None,
+        positions: Tensor | int, plan: KernelPlan, codes=None,
     ) -> Tensor:
         """What qkv() + the cache write of one new position per row do, in one Triton
         launch (kernels/qk_rope_kv.py). x: [B, 1, D] -> q [B, 1, H, Dh]; k and v land in
         the caches at (rows[b], positions[b]), or with rows None at (b, positions)."""
-        from kernels.qk_rope_kv import qk_rope_kv
-
         norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
-        q = qk_rope_kv(self._project(x[:, 0], codes), norm[0], norm[1], cos_sin[:, 0], norm[2],
-                       k_cache, v_cache, rows, positions, self.n_head)
+        q = qk_rope_kv(project(self.wqkv, x[:, 0], plan, codes), norm[0], norm[1], cos_sin[:, 0], norm[2],
+                       k_cache, v_cache, rows, positions, self.n_head, pdl=plan.pdl)
         return q[:, None]
 
 
@@ -213,7 +209,7 @@ class TransformerBlock(nn.Module):
         self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMeta
     ) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos_sin, k_cache, v_cache, meta)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + self.feed_forward(self.ffn_norm(h), meta.plan)
 
     def forward_kernels(
         self, x: Tensor, delta: Tensor | None, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -223,50 +219,46 @@ class TransformerBlock(nn.Module):
         residual stream as (x, delta), x + delta, and returns it the same way, so that
         each add runs in one launch with the norm after it (kernels/add_rms_norm.py),
         the last block's with the final norm (run_blocks). The MLP's activation is
-        kernels/swiglu.py (the fast transformer's attention kernel is FastMeta.kernel)."""
-        x, normed, codes = self.add_norm(x, delta, self.attention_norm)
+        kernels/swiglu.py."""
+        x, normed, codes = self.add_norm(x, delta, self.attention_norm, meta.plan)
         attended = self.attention(normed, cos_sin, k_cache, v_cache, meta, codes)
-        x, normed, codes = self.add_norm(x, attended, self.ffn_norm)
-        if codes is None:
-            return x, self.feed_forward(normed, kernel=True)
-        return x, self.feed_forward(normed, kernel=True, codes=codes)
+        x, normed, codes = self.add_norm(x, attended, self.ffn_norm, meta.plan)
+        return x, self.feed_forward(normed, meta.plan, codes)
 
-    def add_norm(self, x: Tensor, delta: Tensor | None, norm: RMSNorm) -> tuple[Tensor, Tensor, tuple | None]:
+    def add_norm(self, x: Tensor, delta: Tensor | None, norm: RMSNorm,
+                 plan: KernelPlan) -> tuple[Tensor, Tensor, tuple | None]:
         """x + delta and `norm` of it in one launch (kernels/add_rms_norm.py): (sum, normed,
         codes). With FP8 linear layers (norms_quantize) the norm also writes its output as
         e4m3 codes for the GEMM after it (no quantize launch before the GEMM, no quantization
         in its K loop; the same codes either way); else codes is None."""
-        from kernels.add_rms_norm import add_rms_norm
-
         if self.norms_quantize:
-            return add_rms_norm(x, delta, norm.weight, norm.eps, quantize=True)
-        return (*add_rms_norm(x, delta, norm.weight, norm.eps), None)
+            return add_rms_norm(x, delta, norm.weight, norm.eps, quantize=True, pdl=plan.pdl)
+        return (*add_rms_norm(x, delta, norm.weight, norm.eps, pdl=plan.pdl), None)
 
 
 def run_blocks(
     blocks: nn.ModuleList, x: Tensor, cos_sin: Tensor, k: Tensor, v: Tensor, meta: AttentionMeta,
-    final_norm: RMSNorm, kernels: bool, last_fills_kv: bool = False,
+    final_norm: RMSNorm, last_fills_kv: bool = False,
 ) -> tuple[Tensor, Tensor] | None:
     """Every block in turn, then the final norm: returns the last hidden states and them
-    normed. k, v: [n_blocks, ...] caches. `kernels`: TransformerBlock.forward_kernels.
+    normed. k, v: [n_blocks, ...] caches. With the plan's step kernels: forward_kernels.
 
     `last_fills_kv` (the fast transformer's step 0, whose output is never read): the last
     block only writes its keys and values, and nothing is returned; its attention and
     MLP would be one block pass of 76 in an s2-pro frame step, computed for nothing."""
     n = len(blocks) - 1 if last_fills_kv else len(blocks)
     last = blocks[n] if last_fills_kv else None
-    if not kernels:
+    plan = meta.plan
+    if not plan.step:
         for i in range(n):
             x = blocks[i](x, cos_sin, k[i], v[i], meta)
         if last is not None:
             return last.attention.write_kv(last.attention_norm(x), cos_sin, k[n], v[n], meta)
         return x, final_norm(x)
-    from kernels.add_rms_norm import add_rms_norm
-
     delta = None
     for i in range(n):
         x, delta = blocks[i].forward_kernels(x, delta, cos_sin, k[i], v[i], meta)
     if last is not None:
-        _, normed, codes = last.add_norm(x, delta, last.attention_norm)
+        _, normed, codes = last.add_norm(x, delta, last.attention_norm, plan)
         return last.attention.write_kv(normed, cos_sin, k[n], v[n], meta, codes)
-    return add_rms_norm(x, delta, final_norm.weight, final_norm.eps)
+    return add_rms_norm(x, delta, final_norm.weight, final_norm.eps, pdl=plan.pdl)

@@ -14,9 +14,10 @@ from torch import Tensor, nn
 
 from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta
 from engine.config import ModelConfig
+from engine.kernel_plan import REFERENCE, KernelPlan
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import RMSNorm, TransformerBlock, rope_table, run_blocks
-from engine.small_batch import head_logits
+from engine.linear import head_logits, project
 
 
 class DualARModel(nn.Module):
@@ -48,12 +49,6 @@ class DualARModel(nn.Module):
         )
         self.fast_norm = RMSNorm(c.fast_dim, c.norm_eps)
         self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
-        # the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels); the
-        # serving runner turns this on once those kernels matched their references on its GPU
-        self.step_kernels = False
-        # decode-sized linear layers through kernels/gemv.py up to this many rows
-        # (engine/small_batch.py use_gemv_; the head reads it here)
-        self.gemv_rows = 0
         self._init_derived(self.embeddings.weight.device)
 
     # --- derived, non-persistent state -------------------------------------------------
@@ -104,57 +99,53 @@ class DualARModel(nn.Module):
     def _slow(self, x: Tensor, positions: Tensor, kv: KVCache, meta) -> tuple[Tensor, Tensor]:
         """-> the last hidden states [B, S, D] and them normed (self.norm)."""
         cos_sin = self.rope[positions]  # [B, S, Dh/2, 2]
-        return run_blocks(self.layers, x, cos_sin, kv.k, kv.v, meta, self.norm, self.step_kernels)
+        return run_blocks(self.layers, x, cos_sin, kv.k, kv.v, meta, self.norm)
 
-    def _head(self, h: Tensor, normed: Tensor) -> tuple[Tensor, Tensor]:
+    def _head(self, h: Tensor, normed: Tensor, plan: KernelPlan) -> tuple[Tensor, Tensor]:
         """h: [B, D] last slow hidden, normed: it normed -> (head logits
-        [B, num_semantic + 1] in fp32 (engine/small_batch.py LOGITS_DTYPE), fast input)."""
-        logits = head_logits(normed, self.head_weight, self.gemv_rows)  # the GEMV at 1..gemv_rows rows
+        [B, num_semantic + 1] in fp32 (engine/linear.py LOGITS_DTYPE), fast input)."""
+        logits = head_logits(normed, self.head_weight, plan)
         fast_in = normed if self.config.norm_fastlayer_input else h
         if hasattr(self, "fast_project_in"):
-            fast_in = self.fast_project_in(fast_in)
+            fast_in = project(self.fast_project_in, fast_in, plan)
         return logits, fast_in
 
-    def prefill(self, tokens: Tensor, slot: int, start: int, kv: KVCache) -> tuple[Tensor, Tensor]:
+    def prefill(self, tokens: Tensor, slot: int, start: int, kv: KVCache,
+                plan: KernelPlan = REFERENCE) -> tuple[Tensor, Tensor]:
         """Append S positions to one stream. tokens: [1 + C, S].
         Returns (head logits [1, num_semantic + 1] fp32, fast input [1, fast_dim]) at the last position."""
         s = tokens.shape[-1]
         positions = torch.arange(start, start + s, device=tokens.device)[None]
-        h, normed = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start))
-        return self._head(h[:, -1], normed[:, -1])
+        h, normed = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start, plan))
+        return self._head(h[:, -1], normed[:, -1], plan)
 
     def prefill_batch(
         self, tokens: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor, kv_len: int, kv: KVCache,
-        kernel: bool = False, blocked: bool = False,
+        plan: KernelPlan = REFERENCE,
     ) -> tuple[Tensor, Tensor]:
         """Append a segment to each of B streams at once. tokens: [B, 1 + C, S], right-padded;
         slots, starts, lengths: [B] int64 (device; a row of length 0 writes only to the
         scratch row). Returns the head logits and fast input at each stream's last real
-        position: [B, num_semantic + 1], [B, fast_dim]. `kernel`: attention through the
-        Triton decode-attention kernel (no host-dependent shapes: CUDA-graph safe);
-        `blocked` with it: through the blocked prefill kernel (kernels/prefill_attention.py)."""
+        position: [B, num_semantic + 1], [B, fast_dim]. With the plan's attention kernels
+        nothing depends on host lengths: CUDA-graph safe."""
         b, s = tokens.shape[0], tokens.shape[-1]
         positions = (starts[:, None] + torch.arange(s, device=tokens.device)[None, :]).clamp(max=self.config.max_seq_len - 1)
-        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row, kernel, blocked)
+        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row, plan)
         h, normed = self._slow(self.embed(tokens), positions, kv, meta)
         last = (torch.arange(b, device=h.device), (lengths - 1).clamp(min=0))
-        return self._head(h[last], normed[last])
+        return self._head(h[last], normed[last], plan)
 
     def decode_slow(
-        self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache, kernel: bool = False,
-        fused_qkv: bool = False, prefix: tuple[Tensor, Tensor] | None = None, cascade: bool = False,
+        self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache,
+        plan: KernelPlan = REFERENCE, prefix: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """One position for each of B streams. tokens: [B, 1 + C]; slots, positions: [B].
-        `kernel` picks the Triton decode-attention kernel over the PyTorch reference,
-        `fused_qkv` the Triton kernel that norms, rotates and caches q/k/v in one launch;
-        `prefix` (rows, lengths), with the kernel, where each stream reads its voice
-        prompt's positions from (attention.DecodeMeta); `cascade` with it: each prompt
-        attended once for the streams that share it (kernels/cascade_attention.py)."""
-        rows, lens = prefix if prefix is not None and kernel else (None, None)
-        meta = DecodeMeta(slots, positions, kv_len, kernel, fused_qkv, positions + 1 if kernel else None, rows, lens,
-                          cascade and rows is not None)
+        `prefix` (rows, lengths), with the plan's attention kernel, where each stream reads
+        its voice prompt's positions from (attention.DecodeMeta)."""
+        rows, lens = prefix if prefix is not None and plan.attention else (None, None)
+        meta = DecodeMeta(slots, positions, kv_len, plan, positions + 1 if plan.attention else None, rows, lens)
         h, normed = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
-        return self._head(h[:, 0], normed[:, 0])
+        return self._head(h[:, 0], normed[:, 0], plan)
 
     def full_logits(self, tokens: Tensor) -> Tensor:
         """Whole-vocabulary logits for a fresh sequence, [1 + C, S] -> [S, vocab]
@@ -167,15 +158,13 @@ class DualARModel(nn.Module):
 
     # --- fast transformer --------------------------------------------------------------
 
-    def fast_step(self, x: Tensor, step: int, fast: FastCache, fused_qkv: bool = False) -> Tensor | None:
+    def fast_step(self, x: Tensor, step: int, fast: FastCache, plan: KernelPlan = REFERENCE) -> Tensor | None:
         """One fast position for B rows. x: [B, fast_dim] (the slow output at step 0,
         the embedding of code step-1 after). Returns fp32 logits [B, codebook_size] for
         code `step`, or None at step 0 (code 0 is the slow model's semantic token, so
         step 0 only fills the fast KV, its last block no more than its keys and values,
-        and its logits are never read). `fused_qkv`: the
-        Triton kernel rotates and caches q/k/v in one launch per layer."""
+        and its logits are never read)."""
         cos_sin = self.fast_rope[step : step + 1][None].expand(x.shape[0], -1, -1, -1)
-        meta = FastMeta(step, fused_qkv, self.step_kernels)
-        out = run_blocks(self.fast_layers, x[:, None], cos_sin, fast.k, fast.v, meta, self.fast_norm,
-                         self.step_kernels, last_fills_kv=step == 0)
-        return None if out is None else head_logits(out[1][:, 0], self.fast_output.weight, self.gemv_rows)
+        out = run_blocks(self.fast_layers, x[:, None], cos_sin, fast.k, fast.v, FastMeta(step, plan), self.fast_norm,
+                         last_fills_kv=step == 0)
+        return None if out is None else head_logits(out[1][:, 0], self.fast_output.weight, plan)

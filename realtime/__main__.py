@@ -10,12 +10,17 @@ import uvicorn
 from engine.bundle import load_bundle
 from engine.engine import Engine
 from realtime.app import build_app, uvicorn_options
-from realtime.config import parse_args
+from realtime.config import ServiceConfig, parse_args
+
+# Python's GIL switch interval while serving: the decode thread gives the GIL up at every
+# step and must then get it back; at the default 5 ms a step waited up to 5 ms behind the
+# event loop or the codec thread ("The GIL switch interval" in latency_bench/RESULTS.md).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
+def serve(config: ServiceConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     bundle = load_bundle(config.model, config.device, quant=config.quant)
     print(f"model {bundle.name} on {bundle.device} ({bundle.dtype}), loaded in {bundle.load_seconds:.1f} s", flush=True)
     engine = Engine(bundle, config.engine)
@@ -25,10 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"live TTS:   ws://{host}:{config.port}/v1/tts/live", flush=True)
     if config.api_keys:
         print(f"API keys required ({len(config.api_keys)} configured)", flush=True)
-    if config.engine.codec_silent:
-        print("WARNING: --codec-silent: every reply is silence (a load-run diagnosis, not for serving)", flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", **uvicorn_options(config))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,6 @@ class Services:
             repetition_penalty=1.0 if s2 else req.repetition_penalty,
             ras=s2,
             seed=req.seed if req.seed is not None else random.randrange(2**31),
-            allow_end=not (req.ignore_end or self.config.ignore_end),
+            allow_end=not (req.ignore_end or self.config.engine.bench.ignore_end),
         )
         return StreamParams(sampling, frame_budget=req.max_new_tokens, condition_on_previous=req.condition_on_previous_chunks)
