@@ -30,7 +30,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_quant import FP8, _interpreting, _pow2_scale, _to_e4m3
+from kernels.e4m3 import interpreting, scale_and_inverse, to_e4m3
+from kernels.fp8_quant import quantize_act_reference
+from kernels.fp8_scale import FP8
 from kernels.pdl import launch_args, pdl_wait
 from kernels.selfcheck import mismatch
 
@@ -60,8 +62,8 @@ def _add_rms_norm_kernel(
     tl.store(n_ptr + row * stride_n + offs, n, mask=mask)
     if QUANT:  # n's 1 x 128 groups as e4m3 codes + scales (zeros past dim: no effect on an amax)
         groups = tl.reshape(n.to(tl.float32), (BLOCK // 128, 128))
-        scale, inv = _pow2_scale(tl.max(tl.abs(groups), axis=1))
-        codes = tl.reshape(_to_e4m3(groups * inv[:, None], SOFT_ROUND), (BLOCK,))
+        scale, inv = scale_and_inverse(tl.max(tl.abs(groups), axis=1))
+        codes = tl.reshape(to_e4m3(groups * inv[:, None], SOFT_ROUND), (BLOCK,))
         kb = (dim + 127) // 128
         tl.store(q_ptr + row * dim + offs, codes, mask=mask)
         tl.store(qs_ptr + row * kb + tl.arange(0, BLOCK // 128), scale, mask=tl.arange(0, BLOCK // 128) < kb)
@@ -84,10 +86,11 @@ def _check(x: Tensor, delta: Tensor | None, weight: Tensor) -> int:
     return dim
 
 
-def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float, quantize: bool = False):
+def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float, quantize: bool = False, *,
+                 pdl: bool = False):
     """See the module docstring. delta None: the norm alone (s is x itself). Returns (s, n),
     or with `quantize` (s, n, (codes [M, D] e4m3, scales [M, cdiv(D, 128)] fp32)) with M the
-    rows of x's leading dimensions."""
+    rows of x's leading dimensions. `pdl`: kernels/pdl.py."""
     dim = _check(x, delta, weight)
     xr = _rows(x, dim)
     dr = _rows(delta, dim) if delta is not None else xr
@@ -99,14 +102,14 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float, qu
         block = max(block, 128)  # whole groups
         codes = torch.empty(xr.shape[0], dim, device=x.device, dtype=FP8)
         scales = torch.empty(xr.shape[0], triton.cdiv(dim, 128), device=x.device, dtype=torch.float32)
-        quant = dict(q_ptr=codes, qs_ptr=scales, QUANT=True, SOFT_ROUND=_interpreting())
+        quant = dict(q_ptr=codes, qs_ptr=scales, QUANT=True, SOFT_ROUND=interpreting())
     if xr.shape[0]:
         _add_rms_norm_kernel[(xr.shape[0],)](
             xr, dr, weight, s, n,
             xr.stride(0), dr.stride(0), s.stride(0), n.stride(0),
             dim, eps,
             HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)), **quant,
-            **launch_args(),
+            **launch_args(pdl),
         )
     if quantize:
         return s.view(x.shape), n.view(x.shape), (codes, scales)
@@ -121,7 +124,7 @@ def add_rms_norm_reference(x: Tensor, delta: Tensor | None, weight: Tensor, eps:
     return s, n
 
 
-def self_check(device: torch.device | str, dtype: torch.dtype, dim: int, eps: float) -> str | None:
+def self_check(device: torch.device | str, dtype: torch.dtype, dim: int, eps: float, *, pdl: bool = False) -> str | None:
     """Compile and run once at the model's width against the reference: None if they
     agree, else why not (the caller keeps the PyTorch path)."""
     try:
@@ -129,14 +132,12 @@ def self_check(device: torch.device | str, dtype: torch.dtype, dim: int, eps: fl
         x, d = (torch.randn(3, dim, generator=g).to(device, dtype) for _ in range(2))
         w = (torch.rand(dim, generator=g) + 0.5).to(device, dtype)
         for delta in (d, None):
-            got, want = add_rms_norm(x, delta, w, eps), add_rms_norm_reference(x, delta, w, eps)
+            got, want = add_rms_norm(x, delta, w, eps, pdl=pdl), add_rms_norm_reference(x, delta, w, eps)
             for name, a, r in zip(("sum", "norm"), got, want):
                 if why := mismatch(f"add_rms_norm's {name}", a, r, dtype):
                     return why
         # the FP8 layers' variant: its codes and scales must be quantize_act's of its norm
-        from kernels.fp8_quant import quantize_act_reference
-
-        _, n, (codes, scales) = add_rms_norm(x, d, w, eps, quantize=True)
+        _, n, (codes, scales) = add_rms_norm(x, d, w, eps, quantize=True, pdl=pdl)
         want_codes, want_scales = quantize_act_reference(n)
         if not (torch.equal(scales, want_scales) and torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))):
             return "add_rms_norm's FP8 codes differ from quantize_act's of its norm"

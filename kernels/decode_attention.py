@@ -155,7 +155,7 @@ def _decode_attention_split_kernel(
     scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     SPLIT_SIZE: tl.constexpr, BLOCK: tl.constexpr, DOT_FP32: tl.constexpr, KV_FP8: tl.constexpr,
-    SHARED_PREFIX: tl.constexpr = False, CASCADE: tl.constexpr = False, PDL: tl.constexpr = False,
+    SHARED_PREFIX: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     # KV_FP8: k_ptr / v_ptr are the e4m3 views of packed caches, ks_ptr / vs_ptr their fp32
@@ -177,8 +177,6 @@ def _decode_attention_split_kernel(
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     start = split * SPLIT_SIZE
-    if CASCADE:  # the prefix's positions are kernels/cascade_attention.py's: splits start where they end
-        start += tl.minimum(tl.load(prefix_lens_ptr + b), length)
     end = tl.minimum(start + SPLIT_SIZE, length)
     k_row = k_ptr + slot * stride_kr + kv_head * stride_kk
     v_row = v_ptr + slot * stride_vr + kv_head * stride_vk
@@ -225,12 +223,11 @@ def _decode_attention_split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_ptr, lse_ptr, out_ptr, prefix_lens_ptr,
+    part_ptr, lse_ptr, out_ptr,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
-    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-    OWN_SPLITS: tl.constexpr = 0, PREFIX_SPLIT: tl.constexpr = 0, PDL: tl.constexpr = False,
+    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     b = tl.program_id(0)
@@ -238,10 +235,6 @@ def _combine_kernel(
     offs_s = tl.arange(0, SPLITS_P2)
     offs_d = tl.arange(0, HEAD_DIM)
     in_range = offs_s < SPLITS
-    if PREFIX_SPLIT:  # cascade (kernels/cascade_attention.py): splits from OWN_SPLITS on are the
-        # prefix's, PREFIX_SPLIT positions each, written only below this stream's prefix length
-        prefix_len = tl.load(prefix_lens_ptr + b)
-        in_range = in_range & ((offs_s < OWN_SPLITS) | ((offs_s - OWN_SPLITS) * PREFIX_SPLIT < prefix_len))
     lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=in_range, other=float("-inf"))
     top = tl.max(lse, axis=0)
     w = tl.where(in_range, tl.exp(lse - top), 0.0)  # [S]
@@ -254,7 +247,7 @@ def _combine_kernel(
 def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor, max_length: int | None = None,
     block: int | None = None, num_warps: int | None = None, num_stages: int | None = None, split: int | None = None,
-    prefix_rows: Tensor | None = None, prefix_lens: Tensor | None = None, cascade: bool = False,
+    prefix_rows: Tensor | None = None, prefix_lens: Tensor | None = None, *, pdl: bool = False,
 ) -> Tensor:
     """Attention of one new position per stream; see the module docstring for shapes.
 
@@ -266,23 +259,15 @@ def decode_attention(
     latency_bench.attention_bench; left None, `launch_choice` picks them (the measured
     choice for the batch and cache kind). `prefix_rows` and `prefix_lens` (both or
     neither) point each stream's first positions at a row holding the same prefix
-    (module docstring); with `cascade` too, each voice's prefix is attended once for all
-    the streams of the batch that share it (kernels/cascade_attention.py)."""
-    if cascade:
-        from kernels.cascade_attention import cascade_attention
-
-        if prefix_rows is None or prefix_lens is None:
-            raise ValueError("cascade needs prefix_rows and prefix_lens")
-        return cascade_attention(q, k_cache, v_cache, slots, lengths, prefix_rows, prefix_lens, max_length,
-                                 split=split, block=block, num_warps=num_warps, num_stages=num_stages)
+    (module docstring). `pdl`: kernels/pdl.py."""
     caches = checked_args(q, k_cache, v_cache, slots, lengths, prefix_rows, prefix_lens)
     choice = own_launch(q.shape[0], k_cache.shape[2], caches[0], split, block, num_warps, num_stages)
     b, h, d = q.shape
     splits = triton.cdiv(max_length or k_cache.shape[1], choice.split)
     part = torch.empty(b, h, splits, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, h, splits, device=q.device, dtype=torch.float32)
-    split_pass(q, k_cache, v_cache, caches, slots, lengths, prefix_rows, prefix_lens, part, lse, choice)
-    return combine(part, lse, q.dtype)
+    split_pass(q, k_cache, v_cache, caches, slots, lengths, prefix_rows, prefix_lens, part, lse, choice, pdl=pdl)
+    return combine(part, lse, q.dtype, pdl=pdl)
 
 
 def checked_args(
@@ -327,11 +312,10 @@ def own_launch(batch: int, kv_heads: int, fp8: bool, split: int | None = None, b
 
 def split_pass(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, caches: tuple, slots: Tensor, lengths: Tensor,
-    prefix_rows: Tensor | None, prefix_lens: Tensor | None, part: Tensor, lse: Tensor, choice: Launch,
-    cascade: bool = False,
+    prefix_rows: Tensor | None, prefix_lens: Tensor | None, part: Tensor, lse: Tensor, choice: Launch, *,
+    pdl: bool = False,
 ) -> None:
-    """Pass 1 into part [B, H, splits, D] / lse [B, H, splits]; `cascade`: each stream's
-    positions from min(prefix_lens, lengths) on only (kernels/cascade_attention.py)."""
+    """Pass 1 into part [B, H, splits, D] / lse [B, H, splits]."""
     b, h, d = q.shape
     kv_heads = k_cache.shape[2]
     fp8, k_arg, v_arg, k_scales, v_scales = caches
@@ -350,24 +334,20 @@ def split_pass(
         BLOCK=choice.block,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
         DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, KV_FP8=fp8,
-        SHARED_PREFIX=shared and not cascade, CASCADE=cascade, **launch, **launch_args(),
+        SHARED_PREFIX=shared, **launch, **launch_args(pdl),
     )
 
 
-def combine(part: Tensor, lse: Tensor, dtype: torch.dtype, prefix_lens: Tensor | None = None, own_splits: int = 0,
-            prefix_split: int = 0) -> Tensor:
-    """Pass 2: merge the splits of part / lse into out [B, H, D]. With `prefix_split`,
-    split s >= own_splits is read only where (s - own_splits) * prefix_split is below
-    the stream's prefix length (the cascade's prefix splits; the rest are not written)."""
+def combine(part: Tensor, lse: Tensor, dtype: torch.dtype, *, pdl: bool = False) -> Tensor:
+    """Pass 2: merge the splits of part / lse into out [B, H, D]."""
     b, h, splits, d = part.shape
     out = torch.empty(b, h, d, device=part.device, dtype=dtype)
     _combine_kernel[(b, h)](
-        part, lse, out, prefix_lens,
+        part, lse, out,
         part.stride(0), part.stride(1), part.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=d, OWN_SPLITS=own_splits,
-        PREFIX_SPLIT=prefix_split, **launch_args(),
+        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=d, **launch_args(pdl),
     )
     return out
 

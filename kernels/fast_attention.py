@@ -93,9 +93,10 @@ def warps_for(programs: int) -> int:
     return 2 if programs < 400 else 1
 
 
-def fast_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int, num_warps: int | None = None) -> Tensor:
+def fast_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int, num_warps: int | None = None, *,
+                   pdl: bool = False) -> Tensor:
     """See the module docstring. `num_warps`: a launch choice for
-    latency_bench.fast_attention_bench (None: `warps_for` the grid)."""
+    latency_bench.fast_attention_bench (None: `warps_for` the grid). `pdl`: kernels/pdl.py."""
     _check(q, k_cache, v_cache, step)
     b, h, d = q.shape
     out = torch.empty_like(q)
@@ -108,7 +109,7 @@ def fast_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int, num_w
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
             step, d ** -0.5,
             GROUP=group, GROUP_PAD=triton.next_power_of_2(group), POS=max(2, triton.next_power_of_2(k_cache.shape[1])),
-            HEAD_DIM=d, num_warps=num_warps, **launch_args(),
+            HEAD_DIM=d, num_warps=num_warps, **launch_args(pdl),
         )
     return out
 
@@ -125,7 +126,7 @@ def fast_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: 
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_heads: int, head_dim: int,
-               positions: int) -> str | None:
+               positions: int, *, pdl: bool = False) -> str | None:
     """Compile and run once at the fast transformer's shapes against the reference, at
     the first and the last step: None if they agree, else why not (the caller keeps the
     PyTorch path)."""
@@ -134,7 +135,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_h
         q = torch.randn(3, n_head, head_dim, generator=g).to(device, dtype)
         k, v = (torch.randn(4, positions, kv_heads, head_dim, generator=g).to(device, dtype) for _ in range(2))
         for step in (0, positions - 1):
-            got, want = fast_attention(q, k, v, step), fast_attention_reference(q, k, v, step)
+            got, want = fast_attention(q, k, v, step, pdl=pdl), fast_attention_reference(q, k, v, step)
             if why := mismatch(f"fast_attention at step {step}", got, want, dtype):
                 return why
         return None

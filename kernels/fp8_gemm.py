@@ -25,8 +25,8 @@ Two entry points, one kernel:
 The kernel addresses scales as `a_scale + m * KB + g` and `b_scale + (n // 128) * KB + g`,
 without stride arguments. The launcher is therefore the one gate on the layout: it checks
 the shape AND the strides of both scale tensors and raises on anything else (a transposed
-or permuted view included). The seed's MXFP8 path stored scales row-major and read them
-with another stride: ~53% logit error, at full speed, with no error raised.
+or permuted view included): a scale read with the wrong stride raises nothing, it only
+gives wrong logits at full speed.
 
 One K step is one 128-wide group: the tile's fp8 `tl.dot` (fp32 accumulate; on Hopper the
 tensor cores' reduced-precision accumulation over 128 products) is promoted into the fp32
@@ -57,8 +57,8 @@ from torch import Tensor
 from kernels.fp8_configs import TUNED
 from kernels.fp8_tile import store_tile, tile_start
 from kernels.fp8_gemm_tma import launch_tma, tma_ready
-from kernels.fp8_quant import (FP8, GROUP, _interpreting, _pow2_scale, _swiglu_quantize, _to_e4m3, deinterleave_gate_up,
-                               dequantize_act, dequantize_weight, quantize_act, quantize_act_reference, round_code,
+from kernels.e4m3 import interpreting, scale_and_inverse, to_e4m3
+from kernels.fp8_quant import (FP8, GROUP, dequantize_act, dequantize_weight, quantize_act, quantize_act_reference,
                                swiglu_quant, swiglu_quant_reference)
 from kernels.pdl import launch_args, pdl_wait
 
@@ -74,7 +74,6 @@ REDUCE_BLOCK = 1024
 COUNTER_SLOTS = 16384
 
 A_CODES, A_BF16, A_SWIGLU = 0, 1, 2  # the kernel's A_MODE
-A_CODES_FRESH = 3  # codes (and scales) another program of the same launch wrote: read past L1 (kernels/fp8_mlp.py)
 BACKENDS = ("triton", "cublas")
 SPLIT_NONE, SPLIT_SEPARATE_REDUCE, SPLIT_LAST_REDUCES = 0, 1, 2  # its SPLIT_MODE
 
@@ -101,7 +100,7 @@ class GemmConfig:
     backend: str = "triton"
     # the TMA kernel (kernels/fp8_gemm_tma.py; it quantizes bf16 activations in its K loop
     # too, not the SwiGLU), persistent with this many programs per SM (0: one program per
-    # unit), its K loop warp-specialized. Candidates of the sweep, not yet measured on a GPU.
+    # unit), its K loop warp-specialized: the sweep's choices (kernels/fp8_configs.py).
     tma: bool = False
     programs_per_sm: int = 0
     warp_specialize: bool = False
@@ -200,27 +199,12 @@ def _fp8_gemm_kernel(
     stride_am, stride_bn, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
     A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr, SPLITS: tl.constexpr = 1,
-    PDL: tl.constexpr = False, so_ptr=None, SWIGLU_OUT: tl.constexpr = False, ROUND: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
+    # one (N tile, M tile, K split): its K groups into an fp32 tile, then the common
+    # epilogue (kernels/fp8_tile.py store_tile)
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
-    gemm_unit(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), a_ptr, as_ptr, b_ptr,
-              bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, K, KB, GROUPS_PER_SPLIT, UP_OFFSET, stride_am, stride_bn,
-              stride_cm, BLOCK_M, BLOCK_N, SWAP_AB, EVEN_K, A_MODE, SPLIT_MODE, SOFT_ROUND, SPLITS, so_ptr,
-              SWIGLU_OUT, ROUND)
-
-
-@triton.jit
-def gemm_unit(
-    pid_n, pid_m, split, tiles_n, a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, p_ptr, cnt_ptr,
-    M, N, K, KB, GROUPS_PER_SPLIT, UP_OFFSET, stride_am, stride_bn, stride_cm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
-    A_MODE: tl.constexpr, SPLIT_MODE: tl.constexpr, SOFT_ROUND: tl.constexpr, SPLITS: tl.constexpr,
-    so_ptr, SWIGLU_OUT: tl.constexpr, ROUND: tl.constexpr, done_ptr=None,
-):
-    """One (N tile, M tile, K split) of the GEMM (`tiles_n` N tiles a row of tiles): its K
-    groups into an fp32 tile, then the common epilogue (kernels/fp8_tile.py store_tile;
-    `done_ptr`: its per-column-tile completion counts, for a consumer in the same launch:
-    kernels/fp8_mlp.py)."""
+    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m, offs_n, m_ok, n_ok, as_rows, bs_rows, acc = tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M,
                                                                    BLOCK_N, SWAP_AB)
     offs_k = tl.arange(0, 128)
@@ -265,15 +249,6 @@ def gemm_unit(
                 at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0)
             else:
                 a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0)
-        elif A_MODE == 3:  # codes written by other programs of this launch: past L1 (an SM's L1 may
-            # hold a line of scales it read for earlier groups, before these groups were written)
-            sa = tl.load(as_rows + g, mask=sa_mask, other=0.0, cache_modifier=".cg")
-            if SWAP_AB:
-                at = tl.load(a_ptr + offs_m[None, :] * stride_am + k[:, None], mask=at_mask, other=0.0,
-                             cache_modifier=".cg")
-            else:
-                a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :], mask=a_mask, other=0.0,
-                            cache_modifier=".cg")
         else:  # quantize the group here, as quantize_act (1) / swiglu_quant (2) would
             x = x_next.to(tl.float32)
             if A_MODE == 2:
@@ -285,8 +260,8 @@ def gemm_unit(
             if A_MODE == 2:
                 u_next = tl.load(x_rows + UP_OFFSET + (g + 1) * 128, mask=ahead, other=0.0)
                 x = x * tl.sigmoid(x) * u  # silu(gate) * up, fp32 in registers only
-            sa, inv = _pow2_scale(tl.max(tl.abs(x), axis=1))
-            a = _to_e4m3(x * inv[:, None], SOFT_ROUND)
+            sa, inv = scale_and_inverse(tl.max(tl.abs(x), axis=1))
+            a = to_e4m3(x * inv[:, None], SOFT_ROUND)
             if SWAP_AB:
                 at = tl.trans(a)
         if SWAP_AB:
@@ -295,8 +270,8 @@ def gemm_unit(
         else:
             b = tl.load(b_ptr + offs_n[None, :] * stride_bn + k[:, None], mask=b_mask, other=0.0)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])  # [BM, BN]
-    store_tile(acc, offs_m, offs_n, m_ok, n_ok, pid_m * tiles_n + pid_n, split, M, N, c_ptr, p_ptr,
-               cnt_ptr, stride_cm, SWAP_AB, SPLIT_MODE, SPLITS, pid_n, so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND, done_ptr)
+    store_tile(acc, offs_m, offs_n, m_ok, n_ok, pid_m * tl.num_programs(0) + pid_n, split, M, N, c_ptr, p_ptr,
+               cnt_ptr, stride_cm, SWAP_AB, SPLIT_MODE, SPLITS)
 
 
 @triton.jit
@@ -308,27 +283,6 @@ def _splitk_reduce_kernel(p_ptr, c_ptr, numel, SPLITS: tl.constexpr, BLOCK: tl.c
     for s in tl.static_range(SPLITS):  # unrolled (all loads in flight); fixed order: the same sum on every run
         acc += tl.load(p_ptr + s * numel + offs, mask=ok, other=0.0)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _splitk_reduce_swiglu_kernel(p_ptr, q_ptr, s_ptr, N, SPLITS: tl.constexpr, ROUND: tl.constexpr,
-                                 SOFT_ROUND: tl.constexpr, PDL: tl.constexpr = False):
-    """The second launch of a split SwiGLU-out GEMM (fp8_swiglu_gemm): program (m, j) sums
-    row m's partials of the interleaved columns 256 j .. 256 j + 255 (gate, then up, of
-    channels 128 j ..) in split order and writes their SwiGLU's codes and scale."""
-    pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
-    m = tl.program_id(0)
-    j = tl.program_id(1)
-    cols = j * 256 + tl.arange(0, 128)[None, :]  # [1, 128]
-    gate = tl.zeros([1, 128], dtype=tl.float32)
-    up = tl.zeros([1, 128], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):  # the same order as the in-launch sum
-        row = p_ptr + (s * tl.num_programs(0) + m) * N
-        gate += tl.load(row + cols)
-        up += tl.load(row + cols + 128)
-    q, scale = _swiglu_quantize(gate, up, ROUND, SOFT_ROUND, 1)
-    tl.store(q_ptr + m * (N // 2) + j * 128 + tl.arange(0, 128)[None, :], q)
-    tl.store(s_ptr + m * (N // 256) + j + tl.arange(0, 1), scale)
 
 
 # --- split counters ----------------------------------------------------------------------
@@ -394,10 +348,10 @@ def _check_common(a: Tensor, b: Tensor, b_scale: Tensor, k: int, out_dtype: torc
 
 def fp8_gemm(
     a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor,
-    out_dtype: torch.dtype = torch.bfloat16, config: GemmConfig | None = None,
+    out_dtype: torch.dtype = torch.bfloat16, config: GemmConfig | None = None, *, pdl: bool = False,
 ) -> Tensor:
     """out [M, N] = dequant(a) @ dequant(b).T; see the module docstring for the layouts.
-    `config` overrides the tile choices (benchmarks and tests)."""
+    `config` overrides the tile choices (benchmarks and tests); `pdl`: kernels/pdl.py."""
     _check_operand("a", a)
     m, k = a.shape
     _check_common(a, b, b_scale, k, out_dtype)
@@ -407,7 +361,7 @@ def fp8_gemm(
     config = _config_for(a, b.shape[0], k, config)
     if config.backend == "cublas" and m and b.shape[0]:
         return cublas_block_gemm(a, a_scale.t().contiguous().t(), b, b_scale, out_dtype)
-    return _launch(a, a_scale, b, b_scale, out_dtype, config, A_CODES, k)
+    return _launch(a, a_scale, b, b_scale, out_dtype, config, A_CODES, k, pdl=pdl)
 
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -415,7 +369,7 @@ ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def fp8_linear(
     x: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype | None = None,
-    swiglu: bool = False, config: GemmConfig | None = None,
+    swiglu: bool = False, config: GemmConfig | None = None, *, pdl: bool = False,
 ) -> Tensor:
     """out [M, N] = quant(x) @ dequant(b).T in one launch: x [M, K] bf16/fp16/fp32 is
     quantized group by group inside the GEMM exactly as quantize_act would. With
@@ -431,70 +385,24 @@ def fp8_linear(
     _check_common(x, b, b_scale, k, out_dtype)
     config = _config_for(x, b.shape[0], k, config)
     if config.backend == "cublas" and m and b.shape[0]:  # (empty products: the Triton launcher's early return)
-        codes = swiglu_quant(x[:, :k], x[:, k:], m_major_scales=True) if swiglu else quantize_act(x, m_major_scales=True)
+        codes = (swiglu_quant(x[:, :k], x[:, k:], m_major_scales=True, pdl=pdl) if swiglu
+                 else quantize_act(x, m_major_scales=True, pdl=pdl))
         return cublas_block_gemm(*codes, b, b_scale, out_dtype)
     if not config.quantize_in_gemm or (swiglu and config.tma):  # (the TMA kernel has no SwiGLU input)
-        codes = swiglu_quant(x[:, :k], x[:, k:]) if swiglu else quantize_act(x)
-        return _launch(*codes, b, b_scale, out_dtype, config, A_CODES, k)
-    return _launch(x, None, b, b_scale, out_dtype, config, A_SWIGLU if swiglu else A_BF16, k)
-
-
-def swiglu_gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
-    """fp8_swiglu_gemm's launch: the table's (or the rule's) choice for the stacked shape
-    with 256-row weight tiles (one 128-channel group's gate and up rows); where the table
-    takes cuBLAS, the rule's tiles (not measured yet: kernel_bench's MLP block times it)."""
-    cfg = gemm_config(m, n, k, sms)
-    if cfg.backend != "triton":
-        cfg = _rule_config(m, n, k, sms)
-    return replace(cfg, block_n=2 * GROUP)
-
-
-def fp8_swiglu_gemm(x: Tensor, b: Tensor, b_scale: Tensor, config: GemmConfig | None = None,
-                    codes: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-    """The MLP's gate/up GEMM with its SwiGLU and that product's quantization in the
-    epilogue: x [M, K] bf16/fp16/fp32, b [2H, K] e4m3 in interleave_gate_up's row order
-    with its block scales -> (codes [M, H] e4m3, scales [M, H / 128]), bit for bit what
-    swiglu_quant gives on the gate and up halves of fp8_linear(x, b) in x's dtype (the
-    same sums, rounded to x's dtype first), ready for the down projection's fp8_gemm. No
-    [M, 2H] intermediate goes through memory and no SwiGLU launch runs. The split-K sum is
-    in the same launch (the last split of a tile), or a second launch that also applies the
-    SwiGLU when no counters are at hand. `codes`: x already quantized by its producer
-    (quantize_act's codes and scales of x, e.g. kernels/add_rms_norm.py's), used as they are."""
-    _check_operand("x", x, ACT_DTYPES)
-    m, k = x.shape
-    n = b.shape[0]
-    if n % (2 * GROUP):
-        raise ValueError(f"b must have 2H rows with H % {GROUP} == 0 (interleave_gate_up), got {n}")
-    _check_common(x, b, b_scale, k, x.dtype)
-    cfg = config or swiglu_gemm_config(m, n, k, _num_sms(x.device.index if x.is_cuda else None))
-    if cfg.block_n != 2 * GROUP or cfg.backend != "triton":
-        raise ValueError(f"the SwiGLU epilogue needs the Triton kernel with 256-row weight tiles, got {cfg}")
-    rnd = round_code(x.dtype)
-    if codes is not None:
-        _check_operand("codes", codes[0])
-        check_scales("codes' scales", codes[1], m, triton.cdiv(k, GROUP))
-        return _launch(*codes, b, b_scale, x.dtype, cfg, A_CODES, k, swiglu_round=rnd)
-    if not cfg.quantize_in_gemm:
-        return _launch(*quantize_act(x), b, b_scale, x.dtype, cfg, A_CODES, k, swiglu_round=rnd)
-    return _launch(x, None, b, b_scale, x.dtype, cfg, A_BF16, k, swiglu_round=rnd)
+        codes = swiglu_quant(x[:, :k], x[:, k:], pdl=pdl) if swiglu else quantize_act(x, pdl=pdl)
+        return _launch(*codes, b, b_scale, out_dtype, config, A_CODES, k, pdl=pdl)
+    return _launch(x, None, b, b_scale, out_dtype, config, A_SWIGLU if swiglu else A_BF16, k, pdl=pdl)
 
 
 def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype,
-            cfg: GemmConfig, a_mode: int = A_CODES, k: int | None = None, swiglu_round: int | None = None):
-    """Unchecked Triton launch (tests call it to show what a wrong layout would do). With
-    `swiglu_round` (fp8_swiglu_gemm) the output is (codes [M, N / 2], scales [M, N / 256])
-    of the SwiGLU of b's interleaved gate/up rows, else out [M, N] in out_dtype."""
+            cfg: GemmConfig, a_mode: int = A_CODES, k: int | None = None, *, pdl: bool = False) -> Tensor:
+    """Unchecked Triton launch (tests call it to show what a wrong layout would do):
+    out [M, N] in out_dtype."""
     m, n = a.shape[0], b.shape[0]
     k = a.shape[1] if k is None else k
-    swiglu_out = swiglu_round is not None
-    if swiglu_out:
-        out = torch.empty(m, n // 2, device=a.device, dtype=FP8)
-        out_scales = torch.empty(m, n // (2 * GROUP), device=a.device, dtype=torch.float32)
-    else:
-        out, out_scales = torch.empty(m, n, device=a.device, dtype=out_dtype), None
-    result = (out, out_scales) if swiglu_out else out
+    out = torch.empty(m, n, device=a.device, dtype=out_dtype)
     if m == 0 or n == 0:
-        return result
+        return out
     groups = triton.cdiv(k, GROUP)
     per_split = triton.cdiv(groups, cfg.splits)
     splits = triton.cdiv(groups, per_split)
@@ -504,11 +412,9 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
     counters = _counters(a.device) if split_mode == SPLIT_LAST_REDUCES else None
     if split_mode == SPLIT_LAST_REDUCES and counters is None:  # capturing with no buffer yet
         split_mode = SPLIT_SEPARATE_REDUCE
-    epilogue = dict(so_ptr=out_scales, SWIGLU_OUT=swiglu_out, ROUND=swiglu_round or 0) if swiglu_out else {}
     if cfg.tma and a_mode in (A_CODES, A_BF16) and tma_ready(a, b):
         launch_tma(a, a if a_scale is None else a_scale, b, b_scale, out, partials, counters, k, per_split, splits,
-                   split_mode, cfg, a_mode == A_BF16,
-                   _num_sms(a.device.index if a.is_cuda else None), {**launch_args(), **epilogue})
+                   split_mode, cfg, a_mode == A_BF16, _num_sms(a.device.index if a.is_cuda else None), pdl)
     else:
         _fp8_gemm_kernel[grid](
             a, a if a_scale is None else a_scale, b, b_scale, out, partials, partials if counters is None else counters,
@@ -516,20 +422,15 @@ def _launch(a: Tensor, a_scale: Tensor | None, b: Tensor, b_scale: Tensor, out_d
             a.stride(0), b.stride(0), out.stride(0),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab,
             EVEN_K=k % GROUP == 0 and groups % per_split == 0,
-            A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=_interpreting(),
+            A_MODE=a_mode, SPLIT_MODE=split_mode, SOFT_ROUND=interpreting(),
             SPLITS=splits if split_mode == SPLIT_LAST_REDUCES else 1,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(), **epilogue,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(pdl),
         )
-    if split_mode == SPLIT_SEPARATE_REDUCE and swiglu_out:
-        _splitk_reduce_swiglu_kernel[(m, n // (2 * GROUP))](
-            partials, out, out_scales, n, SPLITS=splits, ROUND=swiglu_round, SOFT_ROUND=_interpreting(),
-            **launch_args(),
-        )
-    elif split_mode == SPLIT_SEPARATE_REDUCE:
+    if split_mode == SPLIT_SEPARATE_REDUCE:
         _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-            partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK, **launch_args(),
+            partials, out, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK, **launch_args(pdl),
         )
-    return result
+    return out
 
 
 def cublas_supported(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -582,13 +483,6 @@ def fp8_gemm_reference(
 ) -> Tensor:
     """Dequantize both operands, fp32 matmul, cast."""
     return (dequantize_act(a, a_scale) @ dequantize_weight(b, b_scale).t()).to(out_dtype)
-
-
-def fp8_swiglu_gemm_reference(x: Tensor, b: Tensor, b_scale: Tensor,
-                              codes: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-    gu = fp8_linear_reference(x, b, b_scale) if codes is None else fp8_gemm_reference(*codes, b, b_scale, x.dtype)
-    gate, up = deinterleave_gate_up(gu)
-    return swiglu_quant_reference(gate, up)
 
 
 def fp8_linear_reference(x: Tensor, b: Tensor, b_scale: Tensor, out_dtype: torch.dtype | None = None,

@@ -37,9 +37,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
+from kernels.e4m3 import interpreting, scale_and_inverse, to_e4m3
 from kernels.fp8_tile import store_tile, tile_start
-from kernels.pdl import pdl_wait
+from kernels.pdl import launch_args, pdl_wait
 
 try:  # host-side tensor descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -83,8 +83,7 @@ def _fp8_gemm_tma_kernel(
     M, N, KB, GROUPS_PER_SPLIT, UNITS, TILES_N, TILES_M, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_MODE: tl.constexpr,
     SPLITS: tl.constexpr = 1, PERSISTENT: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
-    PDL: tl.constexpr = False, so_ptr=None, SWIGLU_OUT: tl.constexpr = False, ROUND: tl.constexpr = 0,
-    SOFT_ROUND: tl.constexpr = False, A_BF16: tl.constexpr = False,
+    PDL: tl.constexpr = False, SOFT_ROUND: tl.constexpr = False, A_BF16: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
     if PERSISTENT:
@@ -94,19 +93,18 @@ def _fp8_gemm_tma_kernel(
                              warp_specialize=WARP_SPECIALIZE):
             _unit(unit, a_desc, as_ptr, b_desc, bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, KB, GROUPS_PER_SPLIT,
                   TILES_N, TILES_M, stride_cm, BLOCK_M, BLOCK_N, SWAP_AB, SPLIT_MODE, SPLITS, False,
-                  so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND, A_BF16)
+                  SOFT_ROUND, A_BF16)
     else:
         _unit(tl.program_id(0), a_desc, as_ptr, b_desc, bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, KB, GROUPS_PER_SPLIT,
               TILES_N, TILES_M, stride_cm, BLOCK_M, BLOCK_N, SWAP_AB, SPLIT_MODE, SPLITS, WARP_SPECIALIZE,
-              so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND, A_BF16)
+              SOFT_ROUND, A_BF16)
 
 
 @triton.jit
 def _unit(
     unit, a_desc, as_ptr, b_desc, bs_ptr, c_ptr, p_ptr, cnt_ptr, M, N, KB, GROUPS_PER_SPLIT, TILES_N, TILES_M,
     stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_MODE: tl.constexpr,
-    SPLITS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, so_ptr, SWIGLU_OUT: tl.constexpr, ROUND: tl.constexpr,
-    SOFT_ROUND: tl.constexpr, A_BF16: tl.constexpr,
+    SPLITS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SOFT_ROUND: tl.constexpr, A_BF16: tl.constexpr,
 ):
     """One (tile, split) unit: its K groups into an fp32 tile, then the common epilogue."""
     pid_n = unit % TILES_N
@@ -123,8 +121,8 @@ def _unit(
         sb = tl.load(bs_rows + g, mask=n_ok & ((offs_n * 0 + g) < KB), other=0.0)
         if A_BF16:  # quantized here as quantize_act would (zeros past M and K: no effect on the amax)
             x = a_desc.load([pid_m * BLOCK_M, g * 128]).to(tl.float32)  # [BM, 128]
-            sa, inv = _pow2_scale(tl.max(tl.abs(x), axis=1))
-            a = _to_e4m3(x * inv[:, None], SOFT_ROUND)
+            sa, inv = scale_and_inverse(tl.max(tl.abs(x), axis=1))
+            a = to_e4m3(x * inv[:, None], SOFT_ROUND)
         else:
             sa = tl.load(as_rows + g, mask=m_ok & ((offs_m * 0 + g) < KB), other=0.0)
             a = a_desc.load([pid_m * BLOCK_M, g * 128])  # [BM, 128] e4m3
@@ -134,14 +132,14 @@ def _unit(
         else:
             acc += tl.dot(a, tl.trans(b)) * (sa[:, None] * sb[None, :])  # [BM, BN]
     store_tile(acc, offs_m, offs_n, m_ok, n_ok, pid_m * TILES_N + pid_n, split, M, N, c_ptr, p_ptr, cnt_ptr,
-               stride_cm, SWAP_AB, SPLIT_MODE, SPLITS, pid_n, so_ptr, SWIGLU_OUT, ROUND, SOFT_ROUND)
+               stride_cm, SWAP_AB, SPLIT_MODE, SPLITS)
 
 
 def launch_tma(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out: Tensor, partials: Tensor,
                counters: Tensor | None, k: int, per_split: int, splits: int, split_mode: int, cfg, a_bf16: bool,
-               sms: int, launch_args: dict) -> None:
+               sms: int, pdl: bool) -> None:
     """The TMA kernel over out [M, N] (fp8_gemm's `_launch` checked everything and made
-    the buffers; `launch_args` carries PDL's and the SwiGLU-out epilogue's arguments). A persistent config runs min(units, programs_per_sm x SMs) programs."""
+    the buffers). A persistent config runs min(units, programs_per_sm x SMs) programs."""
     m, n = a.shape[0], b.shape[0]
     tiles_n, tiles_m = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
     units = tiles_n * tiles_m * splits
@@ -152,6 +150,6 @@ def launch_tma(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, out: Tens
         m, n, triton.cdiv(k, 128), per_split, units, tiles_n, tiles_m, out.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SWAP_AB=cfg.swap_ab, SPLIT_MODE=split_mode,
         SPLITS=splits if split_mode == 2 else 1, PERSISTENT=cfg.programs_per_sm > 0,
-        WARP_SPECIALIZE=cfg.warp_specialize, SOFT_ROUND=_interpreting(), A_BF16=a_bf16, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch_args,
+        WARP_SPECIALIZE=cfg.warp_specialize, SOFT_ROUND=interpreting(), A_BF16=a_bf16, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **launch_args(pdl),
     )

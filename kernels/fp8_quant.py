@@ -28,10 +28,8 @@ two is exact, so the kernels and the references round the very same fp32 values 
 so a power-of-two scale costs at most one binade of headroom at the bottom of the range.
 An all-zero group gets the scale 2^-72 (from the amax floor 2^-64) and codes 0.
 
-The Triton interpreter rounds float -> e4m3 casts wrongly for values that round up into
-the next binade (~2-6% of random values, measured on triton 3.6). Under the interpreter
-the kernels therefore round in fp32 bit arithmetic first (`_round_e4m3`) and cast an
-exact e4m3 value; compiled on a GPU they use the hardware's RNE saturating cast.
+The kernels' device arithmetic (the scale by exponent bits, the e4m3 rounding, and the
+interpreter's workaround) is kernels/e4m3.py's.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.e4m3 import interpreting, scale_and_inverse, to_e4m3
 from kernels.fp8_scale import E4M3_MAX, FP8, pow2_scale  # the rule in PyTorch (Triton-free module)
 from kernels.pdl import launch_args, pdl_wait
 
@@ -51,82 +50,6 @@ GROUP = 128  # elements per activation scale group (along K) and per weight bloc
 # of codes out). The launch is latency-bound at decode sizes (M <= 128, K <= 9728): chosen
 # so a K = 9728 row takes 19 programs, not yet tuned on the H200 (kernel_bench.py).
 GROUPS_PER_PROGRAM = 4
-
-
-def _interpreting() -> bool:
-    return bool(triton.knobs.runtime.interpret)
-
-
-# --- shared device helpers -------------------------------------------------------------
-
-@triton.jit
-def _pow2_scale(amax):
-    """amax [..] fp32 >= 0 -> (scale, 1 / scale): the smallest power of two with
-    amax / scale <= 448, exactly, by exponent arithmetic (no approximate log or divide).
-    With amax = (1 + f) 2^E and 448 = 1.75 * 2^8: scale = 2^(E-8) if f <= 0.75, else 2^(E-7)."""
-    bits = tl.maximum(amax, 5.421010862427522e-20).to(tl.int32, bitcast=True)  # AMAX_FLOOR = 2^-64
-    exp = (bits >> 23) & 0xFF
-    mant = bits & 0x7FFFFF
-    e = exp - 8 + (mant > 0x600000).to(tl.int32)  # biased exponent of the scale
-    scale = (e << 23).to(tl.float32, bitcast=True)
-    inv = ((254 - e) << 23).to(tl.float32, bitcast=True)
-    return scale, inv
-
-
-@triton.jit
-def _round_e4m3(y):
-    """fp32 y with |y| <= 448 -> the nearest e4m3 value (ties to even), still in fp32."""
-    bits = y.to(tl.int32, bitcast=True)
-    lsb = (bits >> 20) & 1  # keep 3 of the 23 mantissa bits
-    normal = ((bits + 0x7FFFF + lsb) & -1048576).to(tl.float32, bitcast=True)
-    # below 2^-6 e4m3 is subnormal with a fixed step of 2^-9, the fp32 ulp at 2^14
-    a = tl.abs(y)
-    sub = (a + 16384.0) - 16384.0
-    sub = tl.where(y < 0, -sub, sub)
-    return tl.where(a < 0.015625, sub, normal)
-
-
-@triton.jit
-def _to_e4m3(y, SOFT_ROUND: tl.constexpr):
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    if SOFT_ROUND:
-        y = _round_e4m3(y)
-    return y.to(tl.float8e4nv)
-
-
-@triton.jit
-def _quantize_groups(x, q_row, s_row, stride_sg, offs_g, offs_k, k_ok, NUM_GROUPS, SOFT_ROUND: tl.constexpr):
-    """x [G, 128] fp32 (zeros past the edge) -> codes and scales of one row's groups."""
-    scale, inv = _pow2_scale(tl.max(tl.abs(x), axis=1))
-    q = _to_e4m3(x * inv[:, None], SOFT_ROUND)
-    tl.store(q_row + offs_k, q, mask=k_ok)
-    tl.store(s_row + offs_g * stride_sg, scale, mask=offs_g < NUM_GROUPS)
-
-
-@triton.jit
-def _swiglu_quantize(gate, up, ROUND: tl.constexpr, SOFT_ROUND: tl.constexpr, AXIS: tl.constexpr):
-    """gate, up: fp32 tiles of one 128-channel group (the channels along AXIS) -> codes of
-    silu(gate) * up and the group's scale per row (reduced over AXIS). ROUND 1 / 2 first
-    rounds gate and up to bf16 / fp16, as a GEMM writing them in that dtype would, so the
-    codes are bit for bit swiglu_quant's of that GEMM output (0: no rounding)."""
-    if ROUND == 1:
-        gate = gate.to(tl.bfloat16).to(tl.float32)
-        up = up.to(tl.bfloat16).to(tl.float32)
-    elif ROUND == 2:
-        gate = gate.to(tl.float16).to(tl.float32)
-        up = up.to(tl.float16).to(tl.float32)
-    h = gate * tl.sigmoid(gate) * up  # as _swiglu_quant_kernel computes it
-    scale, inv = _pow2_scale(tl.max(tl.abs(h), axis=AXIS))
-    if AXIS == 0:
-        q = _to_e4m3(h * inv[None, :], SOFT_ROUND)
-    else:
-        q = _to_e4m3(h * inv[:, None], SOFT_ROUND)
-    return q, scale
-
-
-def round_code(dtype: torch.dtype) -> int:
-    """_swiglu_quantize's ROUND for a GEMM output dtype."""
-    return {torch.bfloat16: 1, torch.float16: 2, torch.float32: 0}[dtype]
 
 
 # --- activations -----------------------------------------------------------------------
@@ -183,7 +106,7 @@ def _outputs(m: int, k: int, device: torch.device, m_major_scales: bool) -> tupl
     return q, torch.empty(m, triton.cdiv(k, GROUP), device=device, dtype=torch.float32)
 
 
-def quantize_act(x: Tensor, m_major_scales: bool = False) -> tuple[Tensor, Tensor]:
+def quantize_act(x: Tensor, m_major_scales: bool = False, *, pdl: bool = False) -> tuple[Tensor, Tensor]:
     """x [M, K] -> (codes [M, K] e4m3, scales [M, cdiv(K, 128)] fp32), one launch. The
     scales are row-major (what kernels/fp8_gemm.py reads) unless `m_major_scales`: the
     same values with strides (1, M), what cuBLAS's 1 x 128 block scaling reads."""
@@ -194,12 +117,12 @@ def quantize_act(x: Tensor, m_major_scales: bool = False) -> tuple[Tensor, Tenso
     if m and k:
         _quant_act_kernel[(m, triton.cdiv(groups, GROUPS_PER_PROGRAM))](
             x, q, s, k, groups, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
-            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(), **launch_args(),
+            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=interpreting(), **launch_args(pdl),
         )
     return q, s
 
 
-def swiglu_quant(gate: Tensor, up: Tensor, m_major_scales: bool = False) -> tuple[Tensor, Tensor]:
+def swiglu_quant(gate: Tensor, up: Tensor, m_major_scales: bool = False, *, pdl: bool = False) -> tuple[Tensor, Tensor]:
     """silu(gate) * up, quantized: gate, up [M, H] (e.g. the two halves of a fused
     w1/w3 GEMM output, row stride 2H) -> (codes [M, H] e4m3, scales [M, cdiv(H, 128)];
     `m_major_scales` as in quantize_act)."""
@@ -213,30 +136,9 @@ def swiglu_quant(gate: Tensor, up: Tensor, m_major_scales: bool = False) -> tupl
     if m and h:
         _swiglu_quant_kernel[(m, triton.cdiv(groups, GROUPS_PER_PROGRAM))](
             gate, up, q, s, h, groups, gate.stride(0), up.stride(0), q.stride(0), s.stride(0), s.stride(1),
-            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=_interpreting(), **launch_args(),
+            GROUPS=GROUPS_PER_PROGRAM, SOFT_ROUND=interpreting(), **launch_args(pdl),
         )
     return q, s
-
-
-# --- the gate/up rows interleaved per 128 (the w13 GEMM with the SwiGLU in its epilogue) ---
-
-def interleave_gate_up(w13: Tensor) -> Tensor:
-    """[2H, ...] rows gate 0..H-1 then up 0..H-1 -> rows in 128-row blocks alternating
-    gate and up of the same channels (gate 0:128, up 0:128, gate 128:256, ...), so a
-    256-row tile of the GEMM holds both halves of one 128-channel group (kernels/fp8_gemm.py
-    fp8_swiglu_gemm). H must be a multiple of 128."""
-    h = w13.shape[0] // 2
-    if w13.shape[0] % 2 or h % GROUP:
-        raise ValueError(f"interleaving needs [2H, ...] rows with H % {GROUP} == 0, got {w13.shape[0]} rows")
-    rest = w13.shape[1:]
-    return w13.view(2, h // GROUP, GROUP, *rest).transpose(0, 1).reshape(2 * h, *rest)
-
-
-def deinterleave_gate_up(gu: Tensor) -> tuple[Tensor, Tensor]:
-    """[M, 2H] columns in interleave_gate_up's order -> (gate [M, H], up [M, H]) copies."""
-    m, width = gu.shape
-    blocks = gu.reshape(m, width // (2 * GROUP), 2, GROUP)
-    return blocks[:, :, 0].reshape(m, -1), blocks[:, :, 1].reshape(m, -1)
 
 
 # --- references (plain PyTorch, the same functions) ------------------------------------

@@ -14,7 +14,7 @@ FP8 = torch.float8_e4m3fn
 
 def pow2_scale(amax: Tensor) -> Tensor:
     """fp32 amax -> the smallest power of two with amax / scale <= 448, as fp32 (the rule
-    of fp8_quant._pow2_scale, by the same exponent arithmetic)."""
+    of kernels/e4m3.py scale_and_inverse, by the same exponent arithmetic)."""
     bits = amax.float().clamp_min(AMAX_FLOOR).view(torch.int32)
     e = ((bits >> 23) & 0xFF) - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
     return (e << 23).view(torch.float32)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fp8_quant import _swiglu_quantize
-
 
 @triton.jit
 def tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -32,52 +30,15 @@ def tile_start(pid_m, pid_n, M, N, KB, as_ptr, bs_ptr, BLOCK_M: tl.constexpr, BL
 
 
 @triton.jit
-def _write_out(tile_acc, offs_m, m_ok, out_mask, c_ptr, c_offs, pid_n, M, N, so_ptr, SWAP_AB: tl.constexpr,
-               SWIGLU_OUT: tl.constexpr, ROUND: tl.constexpr, SOFT_ROUND: tl.constexpr):
-    """The finished fp32 tile to the output: as it is (in c's dtype), or with SWIGLU_OUT
-    (a 256-wide tile of the interleaved w13 GEMM: gate rows of 128 channels, then their up
-    rows; kernels/fp8_quant.py interleave_gate_up) as the codes of silu(gate) * up into c
-    [M, N / 2] e4m3 and the group's scale per row into so [M, N / 256]."""
-    if SWIGLU_OUT:
-        h = N // 2
-        chans = pid_n * 128 + tl.arange(0, 128)
-        if SWAP_AB:  # [256, BM] -> gate, up [128, BM]
-            gate, up = tl.split(tl.permute(tl.reshape(tile_acc, (2, 128, tile_acc.shape[1])), (1, 2, 0)))
-            q, scale = _swiglu_quantize(gate, up, ROUND, SOFT_ROUND, 0)
-            tl.store(c_ptr + offs_m[None, :] * h + chans[:, None], q, mask=m_ok[None, :])
-        else:  # [BM, 256] -> gate, up [BM, 128]
-            gate, up = tl.split(tl.permute(tl.reshape(tile_acc, (tile_acc.shape[0], 2, 128)), (0, 2, 1)))
-            q, scale = _swiglu_quantize(gate, up, ROUND, SOFT_ROUND, 1)
-            tl.store(c_ptr + offs_m[:, None] * h + chans[None, :], q, mask=m_ok[:, None])
-        tl.store(so_ptr + offs_m * (N // 256) + pid_n, scale, mask=m_ok)
-    else:
-        tl.store(c_ptr + c_offs, tile_acc.to(c_ptr.dtype.element_ty), mask=out_mask)
-
-
-@triton.jit
-def _published(done_ptr, pid_n):
-    """A finished output tile's count up by one (release: every thread's output stores
-    first), where a consumer in the same launch waits on it; nothing without done_ptr."""
-    if done_ptr is not None:
-        tl.debug_barrier()
-        tl.atomic_add(done_ptr + pid_n, 1, sem="release", scope="gpu")
-
-
-@triton.jit
 def store_tile(
     acc, offs_m, offs_n, m_ok, n_ok, tile, split, M, N, c_ptr, p_ptr, cnt_ptr, stride_cm,
     SWAP_AB: tl.constexpr, SPLIT_MODE: tl.constexpr, SPLITS: tl.constexpr,
-    pid_n=0, so_ptr=None, SWIGLU_OUT: tl.constexpr = False, ROUND: tl.constexpr = 0,
-    SOFT_ROUND: tl.constexpr = False, done_ptr=None,
 ):
     """acc: [BLOCK_N, BLOCK_M] when SWAP_AB, else [BLOCK_M, BLOCK_N]. `tile`: the tile's
     counter index (unique per (M, N) tile of the launch). SPLIT_MODE 0: write the output;
     1: write this split's fp32 partial (a second launch sums them); 2: write it, and the
     split that completes the tile's count sums all partials in split order
-    (deterministic), writes the output and resets the counter. The output: see _write_out
-    (SWIGLU_OUT needs BLOCK_N = 256 and the tile's column index `pid_n`). `done_ptr`: once
-    the tile's output is written, its count at `pid_n` goes up by one (release), for a
-    consumer in the same launch that waits on it (kernels/fp8_mlp.py)."""
+    (deterministic), writes the output (in c's dtype) and resets the counter."""
     if SWAP_AB:
         out_mask = m_ok[None, :] & n_ok[:, None]
         c_offs = offs_m[None, :] * stride_cm + offs_n[:, None]
@@ -87,9 +48,7 @@ def store_tile(
         c_offs = offs_m[:, None] * stride_cm + offs_n[None, :]
         p_offs = offs_m[:, None] * N + offs_n[None, :]
     if SPLIT_MODE == 0:
-        _write_out(acc, offs_m, m_ok, out_mask, c_ptr, c_offs, pid_n, M, N, so_ptr, SWAP_AB, SWIGLU_OUT, ROUND,
-                   SOFT_ROUND)
-        _published(done_ptr, pid_n)
+        tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
     else:
         tl.store(p_ptr + split * M * N + p_offs, acc, mask=out_mask)
         if SPLIT_MODE == 2:
@@ -104,7 +63,5 @@ def store_tile(
                 total = tl.zeros_like(acc)
                 for s in tl.static_range(SPLITS):
                     total += tl.load(p_ptr + s * M * N + p_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-                _write_out(total, offs_m, m_ok, out_mask, c_ptr, c_offs, pid_n, M, N, so_ptr, SWAP_AB, SWIGLU_OUT,
-                           ROUND, SOFT_ROUND)
-                _published(done_ptr, pid_n)
+                tl.store(c_ptr + c_offs, total.to(c_ptr.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch

@@ -45,8 +45,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_quant import (_interpreting, _pow2_scale, _to_e4m3, dequantize_act, dequantize_weight,
-                               quantize_act_reference, quantize_weight, swiglu_quant_reference)
+from kernels.e4m3 import interpreting, scale_and_inverse, to_e4m3
+from kernels.fp8_quant import (dequantize_act, dequantize_weight, quantize_act_reference, quantize_weight,
+                               swiglu_quant_reference)
 from kernels.gemv_configs import DEFAULT_CONFIG, TUNED, GemvConfig
 from kernels.pdl import launch_args, pdl_wait
 from kernels.selfcheck import mismatch
@@ -81,8 +82,8 @@ def _x_slice(x_row, xs_row, s_ptr, ks, pid_n, K: tl.constexpr, BLOCK_N: tl.const
         # e4m3 with one power-of-two scale per 1 x 128 group, as fp8_linear quantizes
         # (BLOCK_K is a multiple of 128): x = codes * scale exactly, kept in fp32
         xg = tl.reshape(x, [BLOCK_K // 128, 128])
-        x_scale, x_inv = _pow2_scale(tl.max(tl.abs(xg), axis=1))
-        codes = _to_e4m3(xg * x_inv[:, None], SOFT_ROUND).to(tl.float32)
+        x_scale, x_inv = scale_and_inverse(tl.max(tl.abs(xg), axis=1))
+        codes = to_e4m3(xg * x_inv[:, None], SOFT_ROUND).to(tl.float32)
         x = tl.reshape(codes * x_scale[:, None], [BLOCK_K])
     if W_FP8:
         # one row block per tile (BLOCK_N divides 128): scale x's slice by the blocks' scales
@@ -218,7 +219,7 @@ def _check(x: Tensor, w: Tensor, w_scale: Tensor | None, bias: Tensor | None, sw
 
 def gemv(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | None = None,
          swiglu: bool = False, quantize_x: bool | None = None, config: GemvConfig | None = None,
-         x_scale: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+         x_scale: Tensor | None = None, out_dtype: torch.dtype | None = None, *, pdl: bool = False) -> Tensor:
     """See the module docstring. `quantize_x` (e4m3 weights only, the default there): x
     goes through e4m3 with one power-of-two scale per 1 x 128 group first, exactly as
     fp8_linear quantizes it, so the FP8 path computes the same function at every batch
@@ -226,7 +227,7 @@ def gemv(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | Non
     x is already e4m3 codes with these group scales (kernels/fp8_quant.py quantize_act or
     swiglu_quant, one launch before this one instead of the same work in every program);
     the output is then `out_dtype` (bf16 unless given). One launch; allocates only the
-    output (CUDA-graph safe)."""
+    output (CUDA-graph safe). `pdl`: kernels/pdl.py."""
     fp8 = w.dtype == torch.float8_e4m3fn
     x_fp8 = x_scale is not None
     quantize_x = (fp8 and not x_fp8) if quantize_x is None else quantize_x
@@ -240,7 +241,7 @@ def gemv(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Tensor | Non
         ROWS=m, N=n, K=k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, W_FP8=fp8, X_FP8=x_fp8, QUANT_X=quantize_x, SWIGLU=swiglu,
         HAS_BIAS=bias is not None,
-        SOFT_ROUND=_interpreting(), num_warps=config.num_warps, **launch_args(),
+        SOFT_ROUND=interpreting(), num_warps=config.num_warps, **launch_args(pdl),
     )
     return y
 
@@ -270,7 +271,7 @@ def gemv_reference(x: Tensor, w: Tensor, w_scale: Tensor | None = None, bias: Te
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tuple[int, int]], fp8: bool = False,
-               max_rows: int = MAX_M, logits_shapes: list[tuple[int, int]] = ()) -> str | None:
+               max_rows: int = MAX_M, logits_shapes: list[tuple[int, int]] = (), *, pdl: bool = False) -> str | None:
     """None if the kernel compiles here and matches its reference at each (N, K) for
     M = 1..max_rows (and with swiglu at the last shape), and at each of `logits_shapes`
     with an fp32 output (the sampling heads: engine/small_batch.py head_logits), else why
@@ -289,7 +290,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tupl
                 else:
                     w = w.to(dtype)
                 try:
-                    got = gemv(x, w, s, swiglu=swiglu, out_dtype=out_dtype)
+                    got = gemv(x, w, s, swiglu=swiglu, out_dtype=out_dtype, pdl=pdl)
                 except Exception as e:  # noqa: BLE001 - any failure means "use the GEMM"
                     return f"gemv failed at M={m}, N={n}, K={k}: {type(e).__name__}: {str(e)[:200]}"
                 if got.dtype != (out_dtype or dtype):

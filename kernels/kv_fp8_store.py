@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
+from kernels.e4m3 import interpreting, scale_and_inverse, to_e4m3
 from kernels.kv_fp8 import TAIL_BYTES, head_dim_of, is_packed, kv_views, pack_kv
 from kernels.pdl import launch_args, pdl_wait
 
@@ -36,9 +36,9 @@ def _store_kv_fp8_kernel(
     head = tl.program_id(1)
     d = tl.arange(0, HEAD_DIM)
     x = tl.load(x_ptr + n * stride_xn + head * stride_xk + d).to(tl.float32)
-    scale, inv = _pow2_scale(tl.max(tl.abs(x), axis=0))
+    scale, inv = scale_and_inverse(tl.max(tl.abs(x), axis=0))
     at = tl.load(index_ptr + n) * stride_pos + head * stride_head  # byte offset of the head's slab
-    tl.store(codes_ptr + at + d, _to_e4m3(x * inv, SOFT_ROUND))
+    tl.store(codes_ptr + at + d, to_e4m3(x * inv, SOFT_ROUND))
     tl.store(scales_ptr + (at + HEAD_DIM) // 4, scale)
 
 
@@ -56,7 +56,7 @@ def _check(x: Tensor, cache: Tensor, index: Tensor) -> None:
         raise ValueError(f"head dim {dh} must be a power of two")
 
 
-def store_kv_fp8(x: Tensor, cache: Tensor, index: Tensor) -> None:
+def store_kv_fp8(x: Tensor, cache: Tensor, index: Tensor, *, pdl: bool = False) -> None:
     """See the module docstring. Indices must lie in [0, rows * L) (not checked on the
     device: the callers build them from their own slots and positions)."""
     _check(x, cache, index)
@@ -66,7 +66,7 @@ def store_kv_fp8(x: Tensor, cache: Tensor, index: Tensor) -> None:
     _store_kv_fp8_kernel[(x.shape[0], cache.shape[2])](
         x, index, codes, scales,
         x.stride(0), x.stride(1), cache.stride(1), cache.stride(2),
-        HEAD_DIM=head_dim_of(cache), SOFT_ROUND=_interpreting(), **launch_args(),
+        HEAD_DIM=head_dim_of(cache), SOFT_ROUND=interpreting(), **launch_args(pdl),
     )
 
 

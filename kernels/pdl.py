@@ -1,57 +1,35 @@
 """Programmatic dependent launch (PDL) for the decode step's Triton kernels (Hopper on).
 
-Why: a decode step is hundreds of short kernels, one after another on one stream (949 at
-batch 1 for the S2-Pro shape, ~7 us each). Between two of them the GPU drains the first
-and only then launches and ramps up the second: at batch 1 the graphed step took 6.71 ms
-against 6.21 ms of kernel time (latency_bench/reference/h200-s2pro/profile-step-kernels.txt,
-engine_bench.json). With PDL a kernel is launched while the one before it still runs: its
-launch and address arithmetic overlap that kernel's work, and it waits (`gdc_wait`) for
-that kernel to complete before it touches anything the step computes.
+A decode step is hundreds of short kernels on one stream; without PDL the GPU drains each
+before it launches the next. With it a kernel is launched while the one before still runs:
+its launch and address arithmetic overlap that kernel's work, and it waits (`gdc_wait`)
+for that kernel to complete before it touches anything the step computes. It pays at
+batch 1 only (latency_bench/RESULTS.md, 'Programmatic dependent launch').
 
-The contract every kernel launched with `launch_args()` keeps (its `PDL` constexpr):
-- `gdc_wait()` comes before it reads anything an earlier kernel may have written
-  (activations, KV caches, tokens, counters) and before its first store.
-- `gdc_wait()` runs in every program, before any early return: a kernel completes only
-  after its predecessor did, so waiting on the kernel just before covers all earlier ones.
-- It lets the next kernel launch (`gdc_launch_dependents`) only after its own wait, so at
-  most one kernel runs ahead.
-Kernels launched without PDL (PyTorch's, cuBLAS's, the codec's) wait for their
-predecessor to complete as always, so mixing them in is safe.
-
-Measured on an H200 (`bash scripts/gpu_check.sh pdl`, two calls; files in
-latency_bench/reference/h200-s2pro/pdl/), the engine's step, CUDA graphs, with against
-without, same run:
-- FP8 weights (the block-scaled GEMM's chain): batch 1 4.94 -> 4.55 ms (1.09x), but
-  batch 16 5.86 -> 6.11 ms (0.96x) and batch 64 0.99x.
-- bf16 (the GEMV at batch 1, cuBLAS above): batch 1 1.6% faster (5.63 -> 5.54 ms), 1.00x
-  at 16 and 64.
-So the runner captures its batch-1 graph with PDL and the others without (PDL_BATCHES in
-engine/runner.py). Two variants were slower and are gone: each kernel letting the next
-launch before its own wait (every kernel of the step launched at once; FP8 batch 1 5.30
-ms, w2's GEMV 15.7 -> 18.1 us), and the GEMV asking its first weight tile into L2 before
-its wait (bf16 batch 1 5.77 against 5.54 ms without).
-
-On/off is process-wide (`enable`, `launching`): the runner turns it on around its
-self-checks and the captures that take it, and off again (a graph keeps the launches it
-captured). Off on the CPU and under the
-Triton interpreter (which has no grid-dependency ops).
+Every launcher whose kernel keeps the contract takes `pdl: bool = False` and launches with
+`launch_args(pdl)`; the caller decides per launch (or per captured graph) and checks
+`supported` and `self_check` first. The contract (the kernel's `PDL` constexpr):
+- `pdl_wait` comes before it reads anything an earlier kernel may have written and before
+  its first store, in every program, before any early return: a kernel completes only
+  after its predecessor did, so waiting on the kernel just before covers all earlier ones;
+- it lets the next kernel launch only after its own wait, so at most one runs ahead.
+Kernels launched without PDL (PyTorch's, cuBLAS's) wait for their predecessor as always,
+so mixing them in is safe.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
-try:  # the grid-dependency ops (Triton >= 3.3 on NVIDIA); used only when PDL is on
+try:  # the grid-dependency ops (Triton >= 3.3 on NVIDIA); used only with PDL on
     from triton.language.extra import cuda as _tl_cuda
 except ImportError:  # pragma: no cover - a Triton without its CUDA extras
     _tl_cuda = None
-
-_enabled = False
 
 
 def supported(device: torch.device | str) -> str | None:
@@ -75,33 +53,10 @@ def supported(device: torch.device | str) -> str | None:
     return None
 
 
-def enable(on: bool) -> None:
-    """Launch the step's kernels with PDL from now on (True) or not. Check `supported`
-    first."""
-    global _enabled
-    _enabled = bool(on)
-
-
-def enabled() -> bool:
-    return _enabled
-
-
-@contextmanager
-def launching(on: bool):
-    """`enable(on)` for the launches (or graph captures) in the block, then back to what
-    it was."""
-    was = _enabled
-    enable(on)
-    try:
-        yield
-    finally:
-        enable(was)
-
-
-def launch_args() -> dict:
+def launch_args(pdl: bool) -> dict:
     """Keyword arguments for a kernel launch: the kernel's PDL constexpr, and Triton's
     launch_pdl option when on."""
-    return {"PDL": True, "launch_pdl": True} if _enabled else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 @triton.jit
@@ -113,26 +68,43 @@ def pdl_wait(PDL: tl.constexpr):
         _tl_cuda.gdc_launch_dependents()
 
 
-def self_check(device: torch.device | str, links: int = 24) -> str | None:
-    """None if a chain of dependent kernels launched with PDL gives, bit for bit, what the
-    same chain gives without it (each link reads both outputs of the one before, so a
-    kernel that ran ahead of its predecessor would read stale rows), else why not."""
-    from kernels.add_rms_norm import add_rms_norm
+@triton.jit
+def _link_kernel(x_ptr, y_ptr, s_ptr, n_ptr, dim, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    # one link of self_check's chain: s = x + y, n = s / rms(s), one row per program
+    pdl_wait(PDL)
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < dim
+    s = tl.load(x_ptr + row * dim + offs, mask=mask, other=0.0) + tl.load(y_ptr + row * dim + offs, mask=mask,
+                                                                            other=0.0)
+    n = s / tl.sqrt(tl.sum(s * s, axis=0) / dim + 1e-6)
+    tl.store(s_ptr + row * dim + offs, s, mask=mask)
+    tl.store(n_ptr + row * dim + offs, n, mask=mask)
 
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(64, 2560, generator=g, device=device).bfloat16()
-    w = (1 + 0.1 * torch.randn(2560, generator=g, device=device)).bfloat16()
-    outputs = []
+
+def _chain(x: Tensor, links: int, pdl: bool) -> Tensor:
+    """`links` launches, each reading both outputs of the one before: a link that ran
+    ahead of its predecessor would read stale rows."""
+    rows, dim = x.shape
+    s, n = x, x
+    for _ in range(links):
+        s2, n2 = torch.empty_like(x), torch.empty_like(x)
+        _link_kernel[(rows,)](s, n, s2, n2, dim, BLOCK=triton.next_power_of_2(dim), **launch_args(pdl))
+        s, n = s2, n2
+    return torch.cat([s, n])
+
+
+def self_check(device: torch.device | str, links: int = 24) -> str | None:
+    """None if a chain of dependent kernels launched with pdl=True gives, bit for bit, what
+    the same chain gives with pdl=False, else why not (the caller launches without PDL)."""
+    if why := supported(device):
+        return why
+    x = torch.randn(64, 2560, generator=torch.Generator(device=device).manual_seed(0), device=device)
     try:
-        for on in (False, True):
-            with launching(on):
-                s, n = x, x
-                for _ in range(links):
-                    s, n = add_rms_norm(s, n, w, 1e-6)
-            outputs.append(torch.cat([s, n]))
+        without, with_pdl = (_chain(x, links, pdl) for pdl in (False, True))
         torch.cuda.synchronize(device)
     except Exception as e:  # noqa: BLE001 - any failure means "launch without PDL"
         return f"PDL launch failed: {type(e).__name__}: {str(e)[:200]}"
-    if not torch.equal(outputs[0], outputs[1]):
+    if not torch.equal(without, with_pdl):
         return "a chain of kernels launched with PDL differs from the same chain without it"
     return None

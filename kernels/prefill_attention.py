@@ -102,12 +102,13 @@ def _prefill_attention_kernel(
 
 def prefill_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, starts: Tensor, lengths: Tensor,
-    max_length: int | None = None,
+    max_length: int | None = None, *, pdl: bool = False,
 ) -> Tensor:
     """Causal attention of each stream's new positions over its KV row; see the module
     docstring for shapes. `max_length` (default: the cache length) is checked against the
     cache and changes nothing else: each program's trip count comes from its own start
-    and length on the device, so a CUDA graph captured once serves any of them."""
+    and length on the device, so a CUDA graph captured once serves any of them. `pdl`:
+    kernels/pdl.py."""
     b, s, h, d = q.shape
     rows, cache_len, kv_heads, _ = k_cache.shape
     if k_cache.dtype == torch.uint8 or v_cache.dtype == torch.uint8:
@@ -134,7 +135,7 @@ def prefill_attention(
         s, d ** -0.5,
         GROUP=group, HEAD_DIM=d, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N,
         # fp32 inputs, and the interpreter (whose bf16 tl.dot is wrong), dot in fp32
-        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, num_warps=NUM_WARPS, **launch_args(),
+        DOT_FP32=q.dtype == torch.float32 or not q.is_cuda, num_warps=NUM_WARPS, **launch_args(pdl),
     )
     return out
 

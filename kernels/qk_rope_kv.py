@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.fp8_quant import _interpreting, _pow2_scale, _to_e4m3
+from kernels.e4m3 import interpreting, scale_and_inverse, to_e4m3
 from kernels.kv_fp8 import TAIL_BYTES, head_dim_of, kernel_args, store_form, unpack_kv
 from kernels.pdl import launch_args, pdl_wait
 
@@ -105,9 +105,9 @@ def _qk_rope_kv_kernel(
 @triton.jit
 def _store_fp8(codes_ptr, scale_ptr, xe, xo, i, SOFT_ROUND: tl.constexpr):
     """One head's even and odd halves (fp32) as e4m3 codes and their power-of-two scale."""
-    scale, inv = _pow2_scale(tl.maximum(tl.max(tl.abs(xe), axis=0), tl.max(tl.abs(xo), axis=0)))
-    tl.store(codes_ptr + 2 * i, _to_e4m3(xe * inv, SOFT_ROUND))
-    tl.store(codes_ptr + 2 * i + 1, _to_e4m3(xo * inv, SOFT_ROUND))
+    scale, inv = scale_and_inverse(tl.maximum(tl.max(tl.abs(xe), axis=0), tl.max(tl.abs(xo), axis=0)))
+    tl.store(codes_ptr + 2 * i, to_e4m3(xe * inv, SOFT_ROUND))
+    tl.store(codes_ptr + 2 * i + 1, to_e4m3(xo * inv, SOFT_ROUND))
     tl.store(scale_ptr, scale)
 
 
@@ -143,11 +143,12 @@ def _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n
 
 def qk_rope_kv(
     qkv: Tensor, q_scale: Tensor | None, k_scale: Tensor | None, cos_sin: Tensor, eps: float,
-    k_cache: Tensor, v_cache: Tensor, slots: Tensor | None, positions: Tensor | int, n_head: int,
+    k_cache: Tensor, v_cache: Tensor, slots: Tensor | None, positions: Tensor | int, n_head: int, *,
+    pdl: bool = False,
 ) -> Tensor:
     """See the module docstring. q_scale / k_scale None: no QK-norm. slots None: rows
     0..B-1 of the caches, all at the int position `positions` (the fast transformer's
-    per-frame cache). Returns q [B, H, Dh]."""
+    per-frame cache). Returns q [B, H, Dh]. `pdl`: kernels/pdl.py."""
     b, kv, dh = _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head)
     q = torch.empty(b, n_head, dh, device=qkv.device, dtype=qkv.dtype)
     per_row = slots is not None
@@ -160,7 +161,7 @@ def qk_rope_kv(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         eps, 0 if per_row else positions,
         H=n_head, KV=kv, HALF=dh // 2, QK_NORM=q_scale is not None, PER_ROW=per_row,
-        KV_FP8=fp8, SOFT_ROUND=fp8 and _interpreting(), **launch_args(),
+        KV_FP8=fp8, SOFT_ROUND=fp8 and interpreting(), **launch_args(pdl),
     )
     return q
 
@@ -187,7 +188,7 @@ def qk_rope_kv_reference(
 
 
 def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_heads: int, head_dim: int,
-               qk_norm: bool, eps: float = 1e-6, kv_fp8: bool = False) -> str | None:
+               qk_norm: bool, eps: float = 1e-6, kv_fp8: bool = False, *, pdl: bool = False) -> str | None:
     """Compile and run the kernel once at the serving shapes against the reference; None
     if they agree, else why not (the caller then keeps the PyTorch path). A serving
     process thus never runs a kernel that failed to compile or disagrees on this GPU."""
@@ -204,7 +205,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_h
         for where in ((slots, positions), (None, 7)):  # decode's addressing, the fast transformer's
             got = [torch.zeros(rows, length, kv_heads, head_dim, device=device, dtype=dtype) for _ in range(2)]
             want = [torch.zeros_like(got[0]) for _ in range(2)]
-            q = qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, *where, n_head)
+            q = qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, *where, n_head, pdl=pdl)
             q_ref = qk_rope_kv_reference(qkv, qs, ks, cos_sin, eps, *want, *where, n_head)
             for name, a, r in (("q", q, q_ref), ("k", got[0], want[0]), ("v", got[1], want[1])):
                 err = ((a.float() - r.float()).norm() / r.float().norm()).item()
@@ -214,7 +215,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, kv_h
             dim = head_dim + TAIL_BYTES
             got = [torch.zeros(rows, length, kv_heads, dim, device=device, dtype=torch.uint8) for _ in range(2)]
             want = [torch.zeros_like(got[0]) for _ in range(2)]
-            qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, slots, positions, n_head)
+            qk_rope_kv(qkv, qs, ks, cos_sin, eps, *got, slots, positions, n_head, pdl=pdl)
             qk_rope_kv_reference(qkv, qs, ks, cos_sin, eps, *want, slots, positions, n_head)
             if not torch.equal(got[1], want[1]):
                 return "FP8 values differ from the reference's bytes"

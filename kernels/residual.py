@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels.selfcheck import mismatch
-from kernels.layout import empty_as, tile
+from kernels.layout import as_layout, empty_as, tile
 
 
 @triton.jit
@@ -69,8 +69,6 @@ def residual_reference(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
 def self_check(device: torch.device | str, dtype: torch.dtype) -> str | None:
     """Compile and run against the reference in both layouts the decoder uses
     (kernels/layout.py): None if they agree, else why not."""
-    from kernels.layout import as_layout
-
     try:
         g = torch.Generator().manual_seed(0)
         bias = torch.randn(24, generator=g).to(device, dtype)

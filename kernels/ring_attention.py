@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.selfcheck import mismatch
+
 
 @triton.jit
 def _ring_attention_kernel(
@@ -153,8 +155,6 @@ def ring_attention_reference(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v
 def self_check(device: torch.device | str, dtype: torch.dtype) -> str | None:
     """Compile and run once against the reference (ring update included): None if they
     agree, else why not (the caller keeps the PyTorch path)."""
-    from kernels.selfcheck import mismatch
-
     try:
         g = torch.Generator().manual_seed(0)
         slots = torch.tensor([2, 0], device=device)

@@ -41,6 +41,8 @@ unspecified).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -51,6 +53,20 @@ from kernels.pdl import launch_args, pdl_wait
 # noise slots per frame: engine/sampling.py DRAWS_PER_FRAME (kernels import nothing of
 # engine; tests/test_kernel_sample.py holds the two equal)
 DRAWS_PER_FRAME = 64
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class DrawParams:
+    """The per-row settings sample_tokens reads, [B] tensors on the logits' device
+    (engine.sampling.SamplingTensors has these fields and is passed as it is)."""
+
+    temperature: Tensor  # float32, 0 = greedy
+    top_p: Tensor  # float32
+    top_k: Tensor  # int64, 1..max_top_k
+    seed: Tensor  # int64
+    allow_end: Tensor  # bool: end-of-speech may be drawn (semantic draws)
+    ras: Tensor  # bool: repetition-aware resampling (semantic draws)
 
 
 @triton.jit
@@ -241,12 +257,13 @@ GATHER_CAP = 256
 
 def sample_tokens(
     logits: Tensor, params, step: Tensor, draw: int, max_top_k: int,
-    semantic: tuple[Tensor, int, int, float, float] | None = None, gather: bool = True,
+    semantic: tuple[Tensor, int, int, float, float] | None = None, gather: bool = True, *, pdl: bool = False,
 ) -> Tensor:
-    """See the module docstring. params: engine.sampling.SamplingTensors (its rows follow
-    logits'). semantic: (window [B, W] int32, end column, RAS draw slot, RAS temperature,
+    """See the module docstring. params: DrawParams, or anything with its fields (its rows
+    follow logits'). semantic: (window [B, W] int32, end column, RAS draw slot, RAS temperature,
     RAS top_p) for the slow head's draw, whose last column is end-of-speech. gather=False:
-    always the walk over all keys (the benchmark's baseline; the same draws)."""
+    always the walk over all keys (the benchmark's baseline; the same draws). `pdl`:
+    kernels/pdl.py."""
     b = _check(logits, params)
     if step.shape != (b,) or step.dtype != torch.int64:
         raise ValueError(f"step must be int64 [{b}]")
@@ -271,35 +288,80 @@ def sample_tokens(
             DRAWS=DRAWS_PER_FRAME, WINDOW_PAD=triton.next_power_of_2(window.shape[1]) if semantic is not None else 1,
             BLOCK=block, MAX_K=max_top_k, SEMANTIC=semantic is not None,
             GATHER=gather, GROUPS=min(GATHER_GROUPS, block), CAP=cap,
-            num_warps=8 if logits.shape[1] > 2048 else 4, **launch_args(),
+            num_warps=8 if logits.shape[1] > 2048 else 4, **launch_args(pdl),
         )
     return out
 
 
-def self_check(device: torch.device | str, vocab: int, semantic_vocab: int, max_top_k: int) -> str | None:
-    """Compile and run both draws once at the model's vocabularies against
-    engine/sampling.py: None if every draw agrees, else why not (the caller keeps the
-    PyTorch path). (kernels import nothing of engine at module level; this check does.)"""
-    try:
-        from engine.sampling import (
-            RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P, SamplingParams, SamplingTensors, frame_gumbel, sample_codebook,
-            sample_semantic,
-        )
+def _hash32(x: Tensor) -> Tensor:
+    for _ in range(3):
+        x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x
 
-        params = SamplingTensors.from_params(
-            [SamplingParams(temperature=t, top_p=p, top_k=k, seed=s) for t, p, k, s in
-             ((0.7, 0.7, 30, 1), (0.0, 0.7, 30, 2), (1.0, 1.0, 0, 3))], device)
+
+def _gumbel_by_rank(seed: Tensor, step: Tensor, draw: int, k: int) -> Tensor:
+    """[B, k] fp32: the kernel's noise of (seed, frame, draw slot, candidate rank)."""
+    key = _hash32((seed & _MASK32) ^ _hash32(step * DRAWS_PER_FRAME + draw))  # [B]
+    bits = _hash32(key[:, None] ^ _hash32(torch.arange(k, device=seed.device))[None, :])
+    return -torch.log(-torch.log(((bits >> 9).float() + 0.5) * (1.0 / 8388608.0)))
+
+
+def _pick(vals: Tensor, idx: Tensor, probs: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor,
+          gumbel: Tensor) -> Tensor:
+    """One draw per row among the sorted candidates vals / idx / probs [B, k]."""
+    rank = torch.arange(vals.shape[1], device=vals.device)[None, :]
+    drop = ((probs.cumsum(-1) > top_p[:, None]) | (rank >= top_k[:, None])) & (rank > 0)
+    scores = torch.where(drop, float("-inf"), vals / temperature.clamp(min=1e-5)[:, None]) + gumbel
+    sampled = idx.gather(1, scores.argmax(-1, keepdim=True))[:, 0]
+    return torch.where(temperature > 0, sampled, idx[:, 0])
+
+
+def sample_tokens_reference(
+    logits: Tensor, params, step: Tensor, draw: int, max_top_k: int,
+    semantic: tuple[Tensor, int, int, float, float] | None = None,
+) -> Tensor:
+    """sample_tokens in plain PyTorch (the same draws; ties ordered by token id, the
+    cumulative probability by torch.cumsum: module docstring)."""
+    _check(logits, params)
+    x = logits.float()
+    if semantic is not None:
+        window, end_col, ras_draw, ras_t, ras_p = semantic
+        x = x.masked_fill((torch.arange(x.shape[1], device=x.device) == end_col) & ~params.allow_end[:, None],
+                          float("-inf"))
+    k = min(max_top_k, x.shape[1])
+    vals, idx = (t[:, :k] for t in torch.sort(x, dim=-1, descending=True, stable=True))
+    probs = torch.exp(vals - torch.logsumexp(x, dim=-1, keepdim=True))
+    token = _pick(vals, idx, probs, params.temperature, params.top_p, params.top_k,
+                  _gumbel_by_rank(params.seed, step, draw, k))
+    if semantic is None:
+        return token
+    hot = _pick(vals, idx, probs, torch.full_like(params.temperature, ras_t), torch.full_like(params.top_p, ras_p),
+                params.top_k, _gumbel_by_rank(params.seed, step, ras_draw, k))
+    repeated = (window == token[:, None]).any(-1) & (token < end_col)
+    return torch.where(repeated & params.ras & (params.temperature > 0), hot, token)
+
+
+def self_check(device: torch.device | str, vocab: int, semantic_vocab: int, max_top_k: int, *,
+               pdl: bool = False) -> str | None:
+    """Compile and run both draws once at the model's vocabularies against
+    sample_tokens_reference: None if every draw agrees, else why not (the caller keeps the
+    PyTorch path)."""
+    try:
+        params = DrawParams(  # sampled, greedy, and every candidate kept (top_k at its cap, top_p 1)
+            temperature=torch.tensor([0.7, 0.0, 1.0], device=device), top_p=torch.tensor([0.7, 0.7, 1.0], device=device),
+            top_k=torch.tensor([30, 30, max_top_k], device=device), seed=torch.tensor([1, 2, 3], device=device),
+            allow_end=torch.ones(3, dtype=torch.bool, device=device), ras=torch.ones(3, dtype=torch.bool, device=device))
         g = torch.Generator().manual_seed(0)
         step = torch.tensor([3, 4, 5], device=device)
-        noise = frame_gumbel(params, step, 2)
         logits = torch.randn(3, vocab, generator=g).to(device)
-        want = sample_codebook(logits, params, torch.full((3, 1), -1, device=device), step, 1, noise[:, 1], False)
-        got = sample_tokens(logits, params, step, 1, max_top_k)
-        window = torch.full((3, 10), -1, dtype=torch.int32, device=device)
+        want = sample_tokens_reference(logits, params, step, 1, max_top_k)
+        got = sample_tokens(logits, params, step, 1, max_top_k, pdl=pdl)
         head = torch.randn(3, semantic_vocab, generator=g).to(device)
-        want_s = sample_semantic(head, params, window, step, semantic_vocab - 1, noise[:, 0], noise[:, 2], False)
-        got_s = sample_tokens(head, params, step, 0, max_top_k, (window, semantic_vocab - 1, RAS_DRAW,
-                                                                RAS_TEMPERATURE, RAS_TOP_P))
+        window = torch.full((3, 10), -1, dtype=torch.int32, device=device)
+        window[:, 0] = head[:, :-1].argmax(-1).int()  # the likeliest token was just said: RAS redraws
+        semantic = (window, semantic_vocab - 1, DRAWS_PER_FRAME - 1, 1.0, 0.9)
+        want_s = sample_tokens_reference(head, params, step, 0, max_top_k, semantic)
+        got_s = sample_tokens(head, params, step, 0, max_top_k, semantic, pdl=pdl)
         if not (torch.equal(got, want) and torch.equal(got_s, want_s)):
             return f"sample_tokens drew {got.tolist()} / {got_s.tolist()}, the reference {want.tolist()} / {want_s.tolist()}"
         return None

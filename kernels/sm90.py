@@ -20,15 +20,13 @@ arguments to treat so, as they are at the engine's shapes. Caveat: this compiles
 the Triton installed here (the CPU machines' pin), which may differ from the GPU
 machine's; a variant that compiles here can still fail there, but one that fails here
 is worth fixing before spending device time. To compile with the GPU machine's Triton,
-install that wheel aside and put it first on the path (2026-12-05: triton 3.6; every
-variant below compiles with it as with 3.9):
+install that wheel aside and put it first on the path:
 
     pip install --no-deps --target /tmp/tri36 triton==3.6.0
     PYTHONPATH=/tmp/tri36:$PWD python -m kernels.sm90
 
     python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions, registers (JSON)
-    python -m kernels.sm90 --mlp    # the one-launch MLP (kernels/fp8_mlp.py) at M = 1, 16, 54, 64
-    python -m kernels.sm90 --attention  # decode attention (shared prefix rows or not, cascade), blocked prefill attention
+    python -m kernels.sm90 --attention  # decode attention (shared prefix rows or not), blocked prefill attention
 
 Not under the Triton interpreter (TRITON_INTERPRET=1 replaces every @triton.jit function
 by its interpreted form, which has nothing to compile): the CLI turns it off for itself,
@@ -39,13 +37,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 if __name__ == "__main__":  # before Triton is imported: compile, do not interpret
     os.environ["TRITON_INTERPRET"] = "0"
 
 import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.decode_attention import LARGE_BF16, _decode_attention_split_kernel
+from kernels.fp8_gemm import _fp8_gemm_kernel
+from kernels.fp8_gemm_tma import _fp8_gemm_tma_kernel
+from kernels.prefill_attention import BLOCK_N, BLOCK_Q, NUM_WARPS, _prefill_attention_kernel
 
 
 @dataclass(frozen=True)
@@ -77,9 +85,6 @@ def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int = 4
     """Compile `fn` (a @triton.jit kernel) for sm90. `types`: a Triton type for every
     argument that is not in `constexprs` ("*fp8e4nv", "i32", "tensordesc<bf16[64, 128]>",
     ...); raises what the compiler raises."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     names = list(fn.arg_names)
     missing = [n for n in names if n not in types and n not in constexprs]
     if missing:
@@ -97,10 +102,6 @@ def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int = 4
 def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
     """(registers per thread, local + stack bytes per thread) of a cubin, read by the
     cuobjdump that ships with Triton's NVIDIA backend; (None, None) without it."""
-    import re
-    import subprocess
-    import tempfile
-
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(tool):
         return None, None
@@ -120,46 +121,31 @@ _SCALARS = {"M": "i32", "N": "i32", "K": "i32", "KB": "i32", "GROUPS_PER_SPLIT":
             "stride_am": "i32", "stride_bn": "i32", "stride_cm": "i32", "UNITS": "i32", "TILES_N": "i32",
             "TILES_M": "i32"}
 # aligned as at every engine shape (K and N multiples of 128, contiguous rows)
-_ALIGNED = frozenset({"a_ptr", "as_ptr", "b_ptr", "bs_ptr", "c_ptr", "p_ptr", "cnt_ptr", "so_ptr", "N", "K",
+_ALIGNED = frozenset({"a_ptr", "as_ptr", "b_ptr", "bs_ptr", "c_ptr", "p_ptr", "cnt_ptr", "N", "K",
                       "stride_am", "stride_bn", "stride_cm", "UP_OFFSET"})
 
 
-def _epilogue(types: dict, consts: dict, swiglu: bool) -> None:
-    types["c_ptr"] = "*fp8e4nv" if swiglu else "*bf16"
-    consts.update(SWIGLU_OUT=swiglu, ROUND=1 if swiglu else 0)
-    if swiglu:
-        types["so_ptr"] = "*fp32"
-    else:
-        consts["so_ptr"] = None
-
-
-def pointer_gemm(block_m=16, block_n=128, swap=True, a_mode=0, split_mode=0, splits=1, swiglu=False, warps=8,
+def pointer_gemm(block_m=16, block_n=128, swap=True, a_mode=0, split_mode=0, splits=1, warps=8,
                  stages=3) -> Compiled:
     """kernels/fp8_gemm.py's kernel as `_launch` would launch it (A_MODE 0: codes, 1: bf16
-    quantized in the K loop, 2: the SwiGLU in the K loop)."""
-    from kernels.fp8_gemm import _fp8_gemm_kernel
-
+    quantized in the K loop, 2: the SwiGLU in the K loop), bf16 out."""
     types = {"a_ptr": "*bf16" if a_mode else "*fp8e4nv", "as_ptr": "*fp32", "b_ptr": "*fp8e4nv", "bs_ptr": "*fp32",
-             "p_ptr": "*fp32", "cnt_ptr": "*i32", **_SCALARS}
+             "c_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32", **_SCALARS}
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, SWAP_AB=swap, EVEN_K=True, A_MODE=a_mode, SPLIT_MODE=split_mode,
                   SOFT_ROUND=False, SPLITS=splits, PDL=False)
-    _epilogue(types, consts, swiglu)
     return compile_sm90(_fp8_gemm_kernel, types, consts, warps, stages, _ALIGNED)
 
 
-def tma_gemm(block_m=16, block_n=128, swap=True, split_mode=0, splits=1, persistent=False, ws=False, swiglu=False,
+def tma_gemm(block_m=16, block_n=128, swap=True, split_mode=0, splits=1, persistent=False, ws=False,
              warps=8, stages=3, a_bf16=False) -> Compiled:
     """kernels/fp8_gemm_tma.py's kernel as `launch_tma` would launch it (`a_bf16`: bf16
-    activations quantized in its K loop)."""
-    from kernels.fp8_gemm_tma import _fp8_gemm_tma_kernel
-
+    activations quantized in its K loop), bf16 out."""
     a = "bf16" if a_bf16 else "fp8e4nv"
     types = {"a_desc": f"tensordesc<{a}[{block_m}, 128]>", "as_ptr": "*bf16" if a_bf16 else "*fp32",
-             "b_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "bs_ptr": "*fp32", "p_ptr": "*fp32", "cnt_ptr": "*i32",
-             **_SCALARS}
+             "b_desc": f"tensordesc<fp8e4nv[{block_n}, 128]>", "bs_ptr": "*fp32", "c_ptr": "*bf16", "p_ptr": "*fp32",
+             "cnt_ptr": "*i32", **_SCALARS}
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, SWAP_AB=swap, SPLIT_MODE=split_mode, SPLITS=splits,
                   PERSISTENT=persistent, WARP_SPECIALIZE=ws, PDL=False, SOFT_ROUND=False, A_BF16=a_bf16)
-    _epilogue(types, consts, swiglu)
     return compile_sm90(_fp8_gemm_tma_kernel, types, consts, warps, stages, _ALIGNED)
 
 
@@ -170,11 +156,6 @@ VARIANTS = {
     "pointer bf16 in, quantized in the K loop": (pointer_gemm, dict(a_mode=1, split_mode=2, splits=5)),
     "pointer SwiGLU in the K loop": (pointer_gemm, dict(a_mode=2, split_mode=2, splits=6)),
     "pointer plain 64 x 128": (pointer_gemm, dict(block_m=64, swap=False)),
-    "pointer SwiGLU out, split 2": (pointer_gemm, dict(block_n=256, split_mode=2, splits=2, swiglu=True)),
-    # w13 at M = 1..4 as the engine launches it (the table's 4 warps, bf16 quantized in the loop)
-    "pointer SwiGLU out, bf16 in, 4 warps": (pointer_gemm, dict(block_n=256, a_mode=1, split_mode=2, splits=2,
-                                                                 swiglu=True, warps=4)),
-    "pointer SwiGLU out, plain 64 x 256": (pointer_gemm, dict(block_m=64, block_n=256, swap=False, swiglu=True)),
     "tma decode tile": (tma_gemm, {}),
     "tma split 5, summed in the launch": (tma_gemm, dict(split_mode=2, splits=5)),
     "tma bf16 in, quantized in the K loop": (tma_gemm, dict(split_mode=2, splits=5, a_bf16=True)),
@@ -182,41 +163,13 @@ VARIANTS = {
     "tma persistent, split 4 (second launch)": (tma_gemm, dict(persistent=True, split_mode=1, splits=4)),
     "tma persistent plain, warp-specialized": (tma_gemm, dict(block_m=64, swap=False, persistent=True, ws=True,
                                                               warps=4)),
-    "tma SwiGLU out, split 2": (tma_gemm, dict(block_n=256, split_mode=2, splits=2, swiglu=True)),
 }
-
-
-def mlp_one_launch(m: int) -> Compiled:
-    """kernels/fp8_mlp.py's kernel as `fp8_mlp` launches it at the S2-Pro MLP shape and M
-    rows, bf16 in (its `plan`: configs, constexprs, warps; its stages)."""
-    import torch
-
-    from kernels.fp8_gemm import A_BF16, A_CODES
-    from kernels.fp8_mlp import STAGES, _fp8_mlp_kernel, mlp_configs, plan
-
-    d, h = 2560, 9728
-    c1, c2 = mlp_configs(m, d, h, 132)
-    a_mode = A_BF16 if c1.quantize_in_gemm else A_CODES
-    launch = plan(m, d, h, c1, c2, a_mode, torch.bfloat16, 132)
-    types = {"x_ptr": "*bf16" if a_mode == A_BF16 else "*fp8e4nv", "xs_ptr": "*bf16" if a_mode == A_BF16 else "*fp32",
-             "w13_ptr": "*fp8e4nv", "w13s_ptr": "*fp32", "h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "w2_ptr": "*fp8e4nv",
-             "w2s_ptr": "*fp32", "y_ptr": "*bf16", "p1_ptr": "*fp32", "p2_ptr": "*fp32", "cnt_ptr": "*i32"}
-    for name in ("M", "D", "H", "N", "DB", "HB", "GPS1", "TILES1_N", "TILES1_M", "UNITS1", "GPS2", "TILES2_N",
-                 "TILES2_M", "UNITS2", "stride_xm", "stride_ym", "OFF_CNT2", "OFF_READY", "OFF_WORK"):
-        types[name] = "i32"
-    aligned = {n for n in types if n.endswith("_ptr")} | {"D", "H", "N", "stride_xm", "stride_ym"}
-    return compile_sm90(_fp8_mlp_kernel, types, {**launch.constexprs, "SOFT_ROUND": False, "PDL": False},
-                        launch.num_warps, STAGES, aligned)
 
 
 def attention_kernels() -> dict[str, Compiled]:
     """The attention kernels at the S2-Pro heads (32 query heads, 8 KV heads of 128, bf16
     cache) as the engine launches them: decode attention at its large-batch launch with
-    and without shared prefix rows and as the cascade's own part, the cascade's prefix
-    kernel (bf16 and FP8 caches) at its default launch, and the blocked prefill attention."""
-    from kernels.decode_attention import LARGE_BF16, _decode_attention_split_kernel
-    from kernels.prefill_attention import BLOCK_N, BLOCK_Q, NUM_WARPS, _prefill_attention_kernel
-
+    and without shared prefix rows, and the blocked prefill attention."""
     strides = ["stride_qb", "stride_qh", "stride_kr", "stride_kl", "stride_kk", "stride_vr", "stride_vl", "stride_vk"]
     decode = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr")}
     decode |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
@@ -224,13 +177,11 @@ def attention_kernels() -> dict[str, Compiled]:
     decode |= {n: "i32" for n in strides + ["stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh"]}
     aligned = {n for n in decode if n.endswith("_ptr")} | {"stride_kr", "stride_kl", "stride_vr", "stride_vl"}
     out = {}
-    for name, shared, cascade in (("decode", False, False), ("decode_shared_prefix", True, False),
-                                  ("decode_cascade_own", False, True)):
+    for name, shared in (("decode", False), ("decode_shared_prefix", True)):
         consts = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "SPLIT_SIZE": LARGE_BF16.split, "BLOCK": LARGE_BF16.block,
-                  "DOT_FP32": False, "KV_FP8": False, "SHARED_PREFIX": shared, "CASCADE": cascade, "PDL": False}
+                  "DOT_FP32": False, "KV_FP8": False, "SHARED_PREFIX": shared, "PDL": False}
         out[name] = compile_sm90(
             _decode_attention_split_kernel, decode, consts, LARGE_BF16.num_warps, LARGE_BF16.num_stages, aligned)
-    out |= cascade_prefix_kernels()
     prefill = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     prefill |= {n: "*i64" for n in ("slots_ptr", "starts_ptr", "lengths_ptr")} | {"scale": "fp32", "seq_len": "i32"}
     prefill |= {n: "i32" for n in strides + ["stride_qs", "stride_ob", "stride_os", "stride_oh"]}
@@ -238,29 +189,6 @@ def attention_kernels() -> dict[str, Compiled]:
                                                              "stride_vr", "stride_vl", "stride_ob", "stride_os"}
     consts = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_Q": BLOCK_Q, "BLOCK_N": BLOCK_N, "DOT_FP32": False, "PDL": False}
     out["prefill_blocked"] = compile_sm90(_prefill_attention_kernel, prefill, consts, NUM_WARPS, 2, aligned)
-    return out
-
-
-def cascade_prefix_kernels() -> dict[str, Compiled]:
-    """kernels/cascade_attention.py's prefix kernel at its default launch (`prefix_launch`)
-    and the S2-Pro heads, bf16 and FP8 caches."""
-    from kernels.cascade_attention import _prefix_attention_kernel, prefix_launch
-
-    strides = ["stride_qb", "stride_qh", "stride_kr", "stride_kl", "stride_kk", "stride_vr", "stride_vl", "stride_vk",
-               "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh"]
-    launch = prefix_launch(4)
-    out = {}
-    for fp8 in (False, True):
-        types = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv" if fp8 else "*bf16", "v_ptr": "*fp8e4nv" if fp8 else "*bf16",
-                 "ks_ptr": "*fp32", "vs_ptr": "*fp32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32",
-                 "batch": "i32"}
-        types |= {n: "*i64" for n in ("lengths_ptr", "prefix_rows_ptr", "prefix_lens_ptr")}
-        types |= {n: "i32" for n in strides}
-        aligned = {n for n in types if n.endswith("_ptr")} | {"stride_kr", "stride_kl", "stride_vr", "stride_vl"}
-        consts = {"GROUP": 4, "STREAMS": launch.streams, "ROWS": launch.streams * 4, "HEAD_DIM": 128,
-                  "SPLIT_SIZE": launch.split, "BLOCK": launch.block, "DOT_FP32": False, "KV_FP8": fp8, "PDL": False}
-        out[f"cascade_prefix{'_fp8' if fp8 else ''}"] = compile_sm90(
-            _prefix_attention_kernel, types, consts, launch.num_warps, launch.num_stages, aligned)
     return out
 
 
@@ -280,20 +208,8 @@ def report(names=None) -> dict:
     return out
 
 
-def mlp_report(ms=(1, 16, 54, 64)) -> dict:
-    """`mlp_one_launch` at each M: shared memory, cp.async copies, registers, spills."""
-    out = {}
-    for m in ms:
-        k = mlp_one_launch(m)
-        out[str(m)] = {"shared_bytes": k.shared_bytes, "async_copies": k.async_copies, "registers": k.registers,
-                       "local_bytes": k.local_bytes}
-    return out
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--mlp"]:
-        json.dump(mlp_report(), sys.stdout, indent=1)
-    elif sys.argv[1:] == ["--attention"]:
+    if sys.argv[1:] == ["--attention"]:
         json.dump({name: {"shared_bytes": k.shared_bytes, "registers": k.registers, "local_bytes": k.local_bytes}
                    for name, k in attention_kernels().items()}, sys.stdout, indent=1)
     else:

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.layout import empty_as, tile
+from kernels.layout import as_layout, empty_as, tile
 from kernels.selfcheck import mismatch
 
 @triton.jit
@@ -81,8 +81,6 @@ def self_check(device: torch.device | str, dtype: torch.dtype) -> str | None:
     """Compile and run against the reference, with and without a bias, in both layouts the
     decoder uses (kernels/layout.py): None if they agree, else why not (the caller keeps
     the PyTorch path)."""
-    from kernels.layout import as_layout
-
     try:
         g = torch.Generator().manual_seed(0)
         alpha = (torch.rand(24, generator=g) * 2).to(device, dtype)

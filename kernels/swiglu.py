@@ -48,8 +48,8 @@ def _check(gate_up: Tensor) -> int:
     return gate_up.shape[-1] // 2
 
 
-def swiglu(gate_up: Tensor) -> Tensor:
-    """See the module docstring."""
+def swiglu(gate_up: Tensor, *, pdl: bool = False) -> Tensor:
+    """See the module docstring. `pdl`: kernels/pdl.py."""
     hidden = _check(gate_up)
     x = gate_up.reshape(-1, 2 * hidden)
     if x.stride(1) != 1:
@@ -57,7 +57,7 @@ def swiglu(gate_up: Tensor) -> Tensor:
     out = torch.empty(x.shape[0], hidden, device=x.device, dtype=x.dtype)
     if x.shape[0]:
         _swiglu_kernel[(x.shape[0], triton.cdiv(hidden, BLOCK))](
-            x, out, x.stride(0), out.stride(0), hidden, BLOCK=BLOCK, num_warps=4, **launch_args(),
+            x, out, x.stride(0), out.stride(0), hidden, BLOCK=BLOCK, num_warps=4, **launch_args(pdl),
         )
     return out.view(*gate_up.shape[:-1], hidden)
 
@@ -68,12 +68,12 @@ def swiglu_reference(gate_up: Tensor) -> Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-def self_check(device: torch.device | str, dtype: torch.dtype, hidden: int) -> str | None:
+def self_check(device: torch.device | str, dtype: torch.dtype, hidden: int, *, pdl: bool = False) -> str | None:
     """Compile and run once at the model's MLP width against the reference: None if they
     agree, else why not (the caller keeps the PyTorch path)."""
     try:
         x = (torch.randn(3, 2 * hidden, generator=torch.Generator().manual_seed(0)) * 3).to(device, dtype)
-        got, want = swiglu(x), swiglu_reference(x)
+        got, want = swiglu(x, pdl=pdl), swiglu_reference(x)
         return mismatch("swiglu", got, want, dtype)
     except Exception as e:  # a compile failure included
         return f"swiglu: {type(e).__name__}: {e}"

@@ -222,66 +222,6 @@ def test_tma_falls_back_to_the_pointer_kernel_where_it_cannot_load():
         GemmConfig(16, 64, True, programs_per_sm=1)
 
 
-SWIGLU_CASES = [  # (M, K, H, config): the w13 GEMM with the SwiGLU in its epilogue (256-row tiles)
-    (1, 256, 256, GemmConfig(16, 256, True)),
-    (3, 300, 384, GemmConfig(16, 256, True, splits=3)),  # ragged K, split summed in the launch
-    (5, 640, 256, GemmConfig(16, 256, True, splits=5, reduce_in_kernel=False)),  # the SwiGLU reduce launch
-    (17, 384, 256, GemmConfig(32, 256, False, splits=3, quantize_in_gemm=False)),  # plain tiles, ragged M
-    (9, 512, 384, GemmConfig(16, 256, True, splits=2, quantize_in_gemm=False, tma=True, programs_per_sm=1)),
-]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("m, k, h, config", SWIGLU_CASES)
-def test_swiglu_epilogue_gives_swiglu_quant_of_the_gemm_output(m, k, h, config, dtype):
-    """fp8_swiglu_gemm (gate/up rows interleaved per 128, the SwiGLU and its quantization in
-    the GEMM's epilogue) == swiglu_quant on the gate and up halves of the same GEMM's
-    output in x's dtype, bit for bit: codes and scales. That is the unfused MLP's operand
-    of w2; and it is within FP8 error of silu(x w1.T) * (x w3.T) unquantized."""
-    from kernels.fp8_gemm import fp8_swiglu_gemm, fp8_swiglu_gemm_reference
-    from kernels.fp8_quant import deinterleave_gate_up, dequantize_act, interleave_gate_up
-
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(m, k, generator=g).to(DEVICE).to(dtype)
-    w13 = (0.05 * torch.randn(2 * h, k, generator=g)).to(DEVICE)
-    b, b_s = quantize_weight(interleave_gate_up(w13))
-    codes, scales = fp8_swiglu_gemm(x, b, b_s, config=config)
-    assert codes.shape == (m, h) and codes.dtype == torch.float8_e4m3fn and scales.shape == (m, h // 128)
-    unfused = swiglu_quant(*deinterleave_gate_up(fp8_linear(x, b, b_s, config=dataclasses.replace(
-        config, tma=False, programs_per_sm=0, warp_specialize=False, quantize_in_gemm=config.quantize_in_gemm
-        and not config.tma))))
-    assert torch.equal(scales, unfused[1])
-    assert torch.equal(codes.view(torch.uint8), unfused[0].view(torch.uint8))
-    ref = dequantize_act(*fp8_swiglu_gemm_reference(x, b, b_s))
-    # the reference sums in another order (and the interpreter truncates to bf16): a gate or
-    # up value one bf16 ulp off moves a few codes one e4m3 step (up to 6%) where it sits
-    # near a rounding midpoint
-    assert rel(dequantize_act(codes, scales), ref) < 0.05
-    exact = torch.nn.functional.silu(x.float() @ w13[:h].t()) * (x.float() @ w13[h:].t())
-    assert rel(dequantize_act(codes, scales), exact) < 2 * FP8_TOL
-    assert all(int(buf.abs().sum()) == 0 for buf in _counter_buffers.values())
-
-
-def test_interleaved_gate_up_rows_and_the_swiglu_epilogue_checks():
-    from kernels.fp8_gemm import fp8_swiglu_gemm
-    from kernels.fp8_quant import deinterleave_gate_up, interleave_gate_up
-
-    w = torch.arange(512 * 3, dtype=torch.float32).view(512, 3)  # H = 256
-    wi = interleave_gate_up(w)
-    assert torch.equal(wi[:128], w[:128]) and torch.equal(wi[128:256], w[256:384])
-    assert torch.equal(wi[256:384], w[128:256]) and torch.equal(wi[384:], w[384:])
-    gate, up = deinterleave_gate_up(wi.t())
-    assert torch.equal(gate, w[:256].t()) and torch.equal(up, w[256:].t())
-    with pytest.raises(ValueError, match="H % 128"):
-        interleave_gate_up(torch.zeros(2 * 200, 4))
-    x, w13 = operands(2, 512, 256)
-    b, b_s = quantize_weight(w13)
-    with pytest.raises(ValueError, match="256-row weight tiles"):
-        fp8_swiglu_gemm(x, b, b_s, config=GemmConfig(16, 128, True))
-    with pytest.raises(ValueError, match="H % 128"):
-        fp8_swiglu_gemm(x, *quantize_weight(torch.zeros(200, 256, device=DEVICE)))
-
-
 def test_fp8_linear_checks_its_inputs():
     x, w = operands(4, 128, 256)
     b, b_s = quantize_weight(w)
