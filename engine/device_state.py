@@ -52,15 +52,20 @@ class PrefixKV:
         return 2 * self.k.numel() * self.k.element_size()
 
 
+def fuse_feed_forwards_(model) -> None:
+    """One gate/up GEMM per block for serving (FP8 blocks already stack theirs)."""
+    for block in [*model.layers, *model.fast_layers]:
+        if isinstance(block.feed_forward, FeedForward):
+            block.feed_forward.fuse_gate_up_()
+
+
 class DeviceState:
     def __init__(self, bundle: ModelBundle, max_running: int, max_len: int, kv_quant: str = "none") -> None:
         self.bundle, self.model = bundle, bundle.model
         c = self.config = bundle.config
         self.device, self.dtype = bundle.device, bundle.dtype
         self.cuda = self.device.type == "cuda"
-        for block in [*self.model.layers, *self.model.fast_layers]:
-            if isinstance(block.feed_forward, FeedForward):
-                block.feed_forward.fuse_gate_up_()  # one gate/up GEMM per block (FP8 blocks stack theirs)
+        fuse_feed_forwards_(self.model)
         self.max_running = max_running
         self.max_len = min(max_len, c.max_seq_len)
         rows = max_running + 1

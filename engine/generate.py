@@ -22,8 +22,10 @@ from engine.audio import load_audio
 from engine.bundle import ModelBundle
 from engine.codec.streaming import StreamingDecoder
 from engine.frame import decode_frame, new_window, push_window, sample_frame
+from engine.kernel_plan import KernelPlan
 from engine.kv_cache import FastCache, KVCache
 from engine.prompt import Reference, Voice
+from engine.quant import is_quantized
 from engine.sampling import SamplingParams, SamplingTensors
 
 
@@ -38,8 +40,10 @@ class GenerateOptions:
 
 
 class Synthesizer:
-    def __init__(self, bundle: ModelBundle, max_len: int = 4096) -> None:
+    def __init__(self, bundle: ModelBundle, max_len: int = 4096, plan: KernelPlan | None = None) -> None:
+        """`plan` None: the PyTorch path, but FP8 weights through their GEMM on a GPU."""
         self.bundle = bundle
+        self.plan = plan or KernelPlan(fp8=bundle.device.type == "cuda" and is_quantized(bundle.model))
         self.model = bundle.model
         self.config = bundle.config
         self.max_len = min(max_len, self.config.max_seq_len)
@@ -65,7 +69,7 @@ class Synthesizer:
     def _prefill(self, tokens: Tensor, start: int) -> tuple[Tensor, Tensor]:
         if start + tokens.shape[1] > self.max_len:
             raise ValueError(f"prompt of {start + tokens.shape[1]} positions exceeds the KV length {self.max_len}")
-        return self.model.prefill(tokens.to(self.bundle.device), 0, start, self.kv)
+        return self.model.prefill(tokens.to(self.bundle.device), 0, start, self.kv, self.plan)
 
     @torch.inference_mode()
     def frames(
@@ -97,7 +101,7 @@ class Synthesizer:
                 raise ValueError(f"segment of {segment.shape[1]} tokens leaves no room in the KV length {self.max_len}")
             window = new_window(1, self.config.sampling_window, self.config.num_codebooks, device)
             frame_index = torch.zeros(1, dtype=torch.long, device=device)
-            frame = sample_frame(self.model, self.fast, head, fast_in, sampling, window, frame_index)
+            frame = sample_frame(self.model, self.fast, head, fast_in, sampling, window, frame_index, self.plan)
             for n in range(budget):
                 if int(frame[0, 0]) == self.config.im_end_id:
                     break
@@ -108,7 +112,8 @@ class Synthesizer:
                 frame_index += 1
                 positions = torch.tensor([pos], device=device)
                 frame = decode_frame(
-                    self.model, self.kv, self.fast, frame, self._slot, positions, pos + 1, sampling, window, frame_index
+                    self.model, self.kv, self.fast, frame, self._slot, positions, pos + 1, sampling, window, frame_index,
+                    self.plan,
                 )
                 pos += 1
             closing = prompts.segment_end()

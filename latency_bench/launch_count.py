@@ -209,9 +209,10 @@ def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False
     streams at `context` positions. kernels=True: the GPU's path, with the Triton decode
     kernels (run by the interpreter on a CPU: set TRITON_INTERPRET=1 before importing)
     and the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels).
-    `quant` "fp8" / "fp8-swiglu-epilogue" / "fp8-mlp-one-launch": the FP8 layers with their kernels (needs
+    `quant` "fp8": the FP8 layers with their kernels (needs
     kernels=True), launch choices by gemm_config's rule at the narrowed widths;
     `norm_codes` False: their GEMMs quantize their inputs themselves (before 2026-12-05)."""
+    from engine.kernel_plan import KernelPlan
     from engine.runner import Runner
 
     bundle = narrow_bundle(name)
@@ -220,20 +221,19 @@ def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False
             raise ValueError("the FP8 layers' launches are counted on the kernels path (kernels=True)")
         from engine.quant import quantize_model_
 
-        quantize_model_(bundle.model, kernel=True, swiglu_epilogue=quant == "fp8-swiglu-epilogue",
-                        one_launch=quant == "fp8-mlp-one-launch")
+        quantize_model_(bundle.model)
         for block in [*bundle.model.layers, *bundle.model.fast_layers]:
             block.norms_quantize = norm_codes
-    runner = Runner(bundle, max_running=batch, max_len=context + 64, cuda_graphs=False,
-                    attention_kernel=kernels, fused_qkv=kernels, step_kernels=kernels)
-    runner.batch_slots[:batch] = torch.arange(batch)
-    runner.positions[:batch] = context
+    plan = KernelPlan(attention=kernels, fused_qkv=kernels, step=kernels, fp8=kernels and quant != "none")
+    runner = Runner(bundle, max_running=batch, max_len=context + 64, plan=plan, cuda_graphs=False)
+    runner.decoder.batch_slots[:batch] = torch.arange(batch)
+    runner.state.positions[:batch] = context
     # no_grad, not inference_mode: under inference_mode dtype casts (`.float()`, `.to`)
     # bypass the Python dispatch key and would go uncounted
     with torch.no_grad():
-        runner._step(batch, context + 1)  # warm (lazy buffers)
+        runner.decoder._step(batch, context + 1)  # warm (lazy buffers)
         with count_launches() as counts, _counting_triton_launchers(counts), _counting_fp8_kernels(counts):
-            runner._step(batch, context + 1)
+            runner.decoder._step(batch, context + 1)
     return counts
 
 
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="the GPU's path: Triton decode attention, the fused q/k/v kernel and the blocks' "
                          "small-op kernels (interpreted on a CPU)")
-    ap.add_argument("--quant", default="none", choices=["none", "fp8", "fp8-swiglu-epilogue", "fp8-mlp-one-launch"],
+    ap.add_argument("--quant", default="none", choices=["none", "fp8"],
                     help="FP8 layers (with --kernels; interpreted, so minutes at batch 64)")
     ap.add_argument("--gemms-quantize", action="store_true",
                     help="with --quant: the GEMMs quantize their inputs (no codes from the norms)")

@@ -15,7 +15,7 @@ import torch
 from conftest import UPSTREAM
 from engine.bundle import ModelBundle, load_bundle
 from engine.checkpoint import load_checkpoint
-from engine.engine import Engine, EngineConfig, StreamParams
+from engine.engine import BenchSettings, Engine, EngineConfig, StreamParams
 from engine.generate import GenerateOptions, Synthesizer
 from engine.prompt import PromptBuilder
 from engine.sampling import SamplingParams
@@ -90,13 +90,13 @@ def alone_in_engine(bundle, text, n, config: EngineConfig):
 
 
 def check_batched_equals_alone(bundle, n: int = 16, kv_quant: str = "none", prefill_second_frame: bool = True,
-                               prefill_attention: str = "per-query") -> None:
+                               alone_in_the_engine: bool = False) -> None:
     """Four streams, two joining while the first two decode, each get exactly the frames
-    (and the audio length) the single-stream path gives them (with an FP8 KV cache or the
-    blocked prefill attention: the frames each gets alone in an engine with that config)."""
+    (and the audio length) the single-stream path gives them (with an FP8 KV cache, or
+    `alone_in_the_engine`: the frames each gets alone in an engine with that config)."""
     config = EngineConfig(max_running=4, max_queued=0, max_len=512, kv_quant=kv_quant,
-                          prefill_second_frame=prefill_second_frame, prefill_attention=prefill_attention)
-    if kv_quant == "none" and prefill_attention == "per-query":
+                          bench=BenchSettings(prefill_second_frame=prefill_second_frame))
+    if kv_quant == "none" and not alone_in_the_engine:
         expected = [alone(bundle, t, n) for t in TEXTS]
     else:
         expected = [alone_in_engine(bundle, t, n, config) for t in TEXTS]
@@ -286,9 +286,9 @@ def test_batched_prefill_equals_one_at_a_time(bundle):
     batched = many.prefill_segments(items)
     for slot, a, b in zip(slots, single, batched):
         assert np.array_equal(a, b)
-        assert torch.equal(one.tokens[slot], many.tokens[slot]) and int(one.positions[slot]) == int(many.positions[slot])
-        n = int(one.positions[slot])
-        torch.testing.assert_close(one.kv.k[:, slot, :n], many.kv.k[:, slot, :n], rtol=1e-5, atol=1e-6)
+        assert torch.equal(one.state.tokens[slot], many.state.tokens[slot]) and int(one.state.positions[slot]) == int(many.state.positions[slot])
+        n = int(one.state.positions[slot])
+        torch.testing.assert_close(one.state.kv.k[:, slot, :n], many.state.kv.k[:, slot, :n], rtol=1e-5, atol=1e-6)
 
 
 def check_second_frame_equals_decode_step(bundle, **runner_args) -> None:
@@ -312,22 +312,22 @@ def check_second_frame_equals_decode_step(bundle, **runner_args) -> None:
         assert np.array_equal(reference.prefill_segment(slot, start, segment, GREEDY), first)
         assert np.array_equal(reference.read(reference.launch([slot], ends[slot] + 1))[0], seconds[slot]), slot
         for name in ("tokens", "positions", "frame_index", "windows"):
-            assert torch.equal(getattr(runner, name)[slot], getattr(reference, name)[slot]), (slot, name)
-        assert int(runner.positions[slot]) == ends[slot] + 1 and int(runner.frame_index[slot]) == 2
+            assert torch.equal(getattr(runner.state, name)[slot], getattr(reference.state, name)[slot]), (slot, name)
+        assert int(runner.state.positions[slot]) == ends[slot] + 1 and int(runner.state.frame_index[slot]) == 2
         n = ends[slot] + 1
         # close, not equal: the runner prefilled both segments in one batch, the reference
         # each alone, and a GPU's GEMMs may sum rows of a 2-segment batch in another order
         # (H200, fp32: one value of 4,864 off by 1.4e-6)
-        torch.testing.assert_close(runner.kv.k[:, slot, :n], reference.kv.k[:, slot, :n], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(runner.kv.v[:, slot, :n], reference.kv.v[:, slot, :n], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(runner.state.kv.k[:, slot, :n], reference.state.kv.k[:, slot, :n], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(runner.state.kv.v[:, slot, :n], reference.state.kv.v[:, slot, :n], rtol=1e-4, atol=1e-5)
     # a segment ending at the KV's end: its slot's state untouched, nothing written past the KV
     full = runner.max_len - segment.shape[1]
     runner.prefill_prefix(3, bundle.prompts.voice_prefix(None)[:, :7])
     runner.prefill_segment(3, full, segment, GREEDY)
-    before = {name: getattr(runner, name)[3].clone() for name in ("tokens", "positions", "frame_index", "windows")}
+    before = {name: getattr(runner.state, name)[3].clone() for name in ("tokens", "positions", "frame_index", "windows")}
     runner.second_frames([3], [runner.max_len])
     for name, value in before.items():
-        assert torch.equal(getattr(runner, name)[3], value), name
+        assert torch.equal(getattr(runner.state, name)[3], value), name
 
 
 def test_the_prefills_second_frame_is_the_decode_steps_first(bundle):

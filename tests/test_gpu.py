@@ -4,6 +4,8 @@ with graphs gives each stream its single-stream frames."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +13,11 @@ import torch
 from conftest import UPSTREAM
 from engine.bundle import ModelBundle, load_bundle
 from engine.checkpoint import load_checkpoint
+from engine.engine import Engine, EngineConfig, StreamParams
 from engine.prompt import PromptBuilder
 from engine.runner import Runner
 from engine.sampling import SamplingParams
+from engine.voice import VoiceInput
 
 pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0.0, allow_end=False)
@@ -40,7 +44,7 @@ def run_streams(runner: Runner, bundle: ModelBundle, texts: list[str], steps: in
         first = runner.prefill_segment(slot, 0, bundle.prompts.full(None, text), GREEDY)
         frames.append([first])
         slots.append(slot)
-    length = max(int(runner.positions[s]) for s in slots) + steps + 1
+    length = max(int(runner.state.positions[s]) for s in slots) + steps + 1
     pending = None
     for _ in range(steps):
         handle = runner.launch(slots, length)
@@ -57,14 +61,17 @@ TEXTS = ["Hello there.", "A longer sentence, with a clause in it.", "Short!"]
 
 
 def test_graphs_and_kernel_match_the_eager_reference(bundle):
-    eager = run_streams(Runner(bundle, 8, 512, cuda_graphs=False, attention_kernel=False), bundle, TEXTS, 24)
-    graphed = run_streams(Runner(bundle, 8, 512, cuda_graphs=True, attention_kernel=True), bundle, TEXTS, 24)
+    graphed_runner = Runner(bundle, 8, 512, cuda_graphs=True)
+    # eager: the same kernels but PyTorch's attention and q/k/v writes
+    plan = dataclasses.replace(graphed_runner.plan, attention=False, fused_qkv=False, pdl=False)
+    eager = run_streams(Runner(bundle, 8, 512, plan, cuda_graphs=False), bundle, TEXTS, 24)
+    graphed = run_streams(graphed_runner, bundle, TEXTS, 24)
     for a, b in zip(eager, graphed):
         assert np.array_equal(np.stack(a), np.stack(b))
 
 
 def test_decode_loop_never_syncs_the_host(bundle):
-    runner = Runner(bundle, 8, 512, cuda_graphs=True, attention_kernel=True)
+    runner = Runner(bundle, 8, 512, cuda_graphs=True)
     slots = []
     for i, text in enumerate(TEXTS):
         runner.prefill_segment(i, 0, bundle.prompts.full(None, text), GREEDY)
@@ -81,10 +88,71 @@ def test_decode_loop_never_syncs_the_host(bundle):
         torch.cuda.set_sync_debug_mode("default")
 
 
+class _Sink:
+    """An engine stream's sink that counts frames' worth of audio and turn ends."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.ready, self.done = threading.Event(), threading.Event()
+        self.samples, self.errors = 0, []
+
+    def on_ready(self, voice_cached, prefill_ms):
+        self.ready.set()
+
+    def on_audio(self, turn, pcm):
+        self.samples += len(pcm)
+
+    def on_segment_end(self, turn, reason):
+        self.done.set()
+
+    def on_error(self, code, message):
+        self.errors.append((code, message))
+        self.done.set()
+
+
+def test_the_engines_decode_loop_never_syncs_the_host(bundle):
+    """The engine's real decode thread, not the runner alone: once every stream is
+    decoding, its steps run under torch.cuda.set_sync_debug_mode("error"), which raises
+    on any synchronizing CUDA call in that thread (an .item(), a pageable copy, a
+    synchronize); a raise would fail the streams with `internal` errors."""
+    import time
+
+    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=0, max_len=512)).start()
+    original = engine.runner.launch
+    checked = []
+
+    def launch(slots, kv_len):
+        if not checked:  # the decode thread's own mode: set from inside it, on its first step
+            torch.cuda.set_sync_debug_mode("error")
+        checked.append(len(slots))
+        return original(slots, kv_len)
+
+    engine.runner.launch = launch
+    try:
+        sinks = [_Sink() for _ in TEXTS]
+        handles = [engine.open(VoiceInput(), StreamParams(GREEDY, frame_budget=48), s) for s in sinks]
+        for s in sinks:
+            assert s.ready.wait(60)
+        for h, text in zip(handles, TEXTS):
+            engine.say(h, 1, text)
+        for s in sinks:
+            assert s.done.wait(120)
+        assert [s.errors for s in sinks] == [[], [], []]
+        assert all(s.samples == 48 * bundle.codec.hop_length for s in sinks)
+        assert len(checked) >= 40 and max(checked) == len(TEXTS)
+    finally:
+        engine.stop()
+        time.sleep(0.1)
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_engine_with_graphs_batched_equals_alone(bundle):
+    """Graphs, the blocked prefill attention and the step kernels: each stream gets the
+    frames it gets alone in the same engine."""
     from test_engine import check_batched_equals_alone
 
-    check_batched_equals_alone(bundle)  # the engine picks CUDA graphs on a GPU
+    check_batched_equals_alone(bundle, alone_in_the_engine=True)
 
 
 def test_the_prefills_second_frame_graph_is_the_decode_graphs_step(bundle):
@@ -114,15 +182,6 @@ def test_fp8_kv_engine_with_graphs_batched_equals_alone(bundle):
     from test_engine import check_batched_equals_alone
 
     check_batched_equals_alone(bundle, kv_quant="fp8")
-
-
-def test_blocked_prefill_engine_with_graphs_batched_equals_alone(bundle):
-    """--prefill-attention blocked (kernels/prefill_attention.py) in the prefill's chunk
-    graphs: a stream's segment prefill does not depend on the others prefilled with it,
-    so each stream gets the frames it gets alone in the same engine."""
-    from test_engine import check_batched_equals_alone
-
-    check_batched_equals_alone(bundle, prefill_attention="blocked")
 
 
 class _Listener:
@@ -219,19 +278,3 @@ def test_codec_graphs_hand_out_a_replys_held_back_audio(barge_in):
     finally:
         torch.backends.cudnn.allow_tf32 = tf32
 
-
-def test_first_replay_times_every_graph_family(tmp_path):
-    """latency_bench.first_replay on the tiny model: every decode, prefill and codec graph
-    launched three times and timed, with the replay after capture off only for it."""
-    import json
-
-    from engine import graphs
-    from latency_bench.first_replay import LAUNCHES, main
-
-    assert main(["--model", "tiny", "--max-running", "4", "--max-len", "256", "--out", str(tmp_path)]) == 0
-    assert graphs.REPLAY_AFTER_CAPTURE  # back on for everything after it
-    result = json.loads((tmp_path / "first_replay.json").read_text())
-    for name in ("decode", "prefill", "codec"):
-        timed = result[name]["graphs"]
-        assert timed and all(len(t) == LAUNCHES and min(t) > 0 for t in timed.values())
-    assert set(result["decode"]["graphs"]) == {f"batch {b}" for b in (1, 2, 4)}

@@ -120,7 +120,7 @@ def test_served_model_fuses_gate_up_and_still_matches_upstream_greedy():
     from test_checkpoint import expected, greedy_frames
 
     from engine.checkpoint import load_checkpoint
-    from engine.runner import fuse_feed_forwards_
+    from engine.device_state import fuse_feed_forwards_
 
     model, _ = load_checkpoint(UPSTREAM / "s2", "cpu", torch.float32)
     exp = expected("s2")
@@ -130,26 +130,10 @@ def test_served_model_fuses_gate_up_and_still_matches_upstream_greedy():
 
 
 def test_fp8_step_has_no_host_sync_and_one_gemm_launch_per_linear():
-    """--quant fp8-swiglu-epilogue on the GPU's path: no host sync; each linear one GEMM
-    launch (wqkv, wo, w13 with the SwiGLU in its epilogue, w2 on its codes; at the fast
-    transformer's step 0 the last block's wqkv only), and nothing quantized in a launch of
-    its own at one row (the norms hand wqkv and w13 their codes; the rule's launch choices
-    at these narrowed widths quantize in the K loop otherwise). Triton interpreted here."""
-    counts = step_counts("s2-pro", 1, context=20, kernels=True, quant="fp8-swiglu-epilogue")
+    """--quant fp8 on the GPU's path: no host sync; each linear one GEMM launch (wqkv, wo,
+    w13, and w2 with the SwiGLU and its quantization in its K loop; at the fast
+    transformer's step 0 the last block's wqkv only). Triton interpreted here."""
+    counts = step_counts("s2-pro", 1, context=20, kernels=True, quant="fp8")
     assert syncs(counts) == 0
     assert counts["triton fp8_gemm_kernel"] == 4 * 36 + 9 * 4 * 4 + (4 * 3 + 1)
-    assert not any(counts[f"triton {k}"] for k in ("quant_act_kernel", "swiglu_quant_kernel", "swiglu"))
-    assert launches(counts) < launches(step_counts("s2-pro", 1, context=20, kernels=True))
-
-
-def test_fp8_mlp_in_one_launch_makes_one_launch_per_block():
-    """--quant fp8-mlp-one-launch (kernels/fp8_mlp.py): each MLP block one launch instead of
-    two GEMMs (36 slow blocks, 9 fast steps x 4 blocks, 3 at the fast step 0); the
-    attention's GEMMs as before; no host sync. Triton interpreted here."""
-    counts = step_counts("s2-pro", 1, context=20, kernels=True, quant="fp8-mlp-one-launch")
-    blocks = 36 + 9 * 4 + 3
-    assert syncs(counts) == 0
-    assert counts["triton fp8_mlp_kernel"] == blocks
-    assert counts["triton fp8_gemm_kernel"] == 2 * blocks + 1  # wqkv and wo; the last block's wqkv at step 0
-    two = step_counts("s2-pro", 1, context=20, kernels=True, quant="fp8-swiglu-epilogue")
-    assert launches(counts) == launches(two) - blocks
+    assert not counts["triton swiglu"]

@@ -13,12 +13,14 @@ from torch import nn
 from cuda_capture import capture_without_syncs
 from engine.bundle import load_bundle
 from engine.config import PRESETS
+from engine.kernel_plan import REFERENCE, KernelPlan
 from engine.kv_cache import FastCache, KVCache
 from engine.layers import FeedForward
-from engine.quant import FP8FeedForward, FP8Linear, is_quantized, quantize_model_, set_kernel_
+from engine.quant import FP8FeedForward, FP8Linear, is_quantized, quantize_model_
 from latency_bench.fp8_agreement import greedy_run, rel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8 = KernelPlan(fp8=True)  # the FP8 layers through their Triton GEMMs (else their references)
 # kernel vs its PyTorch reference on the same quantized operands. Compiled on Hopper, the
 # FP8 tensor cores accumulate with fewer bits than fp32 (measured 1.2e-4 on an H200), and
 # in the MLP a last-bit difference before the second quantization can move a value to the
@@ -40,63 +42,24 @@ def test_fp8_linear_matches_linear(shape, bias):
     lin = nn.Linear(shape[-1], 200, bias=bias).to(DEVICE)
     x = torch.randn(shape, device=DEVICE)
     fp8 = FP8Linear.from_linear(lin)
-    y = fp8(x)
+    y = fp8(x, None, FP8)
     assert y.shape == (*shape[:-1], 200) and y.dtype == x.dtype
     assert rel(y, lin(x)) < 0.08  # e4m3: 3 mantissa bits per operand
-    fp8.kernel = False  # the PyTorch reference of the same function: same quantized operands
-    assert rel(fp8(x), y) < LINEAR_TOL
+    assert rel(fp8(x), y) < LINEAR_TOL  # the PyTorch reference of the same function: same quantized operands
 
 
 def test_fp8_feed_forward_matches_swiglu():
     ff = FeedForward(200, 300).to(DEVICE)  # hidden not a multiple of 128: a block straddles the w1/w3 seam
     x = torch.randn(2, 3, 200, device=DEVICE)
     fp8 = FP8FeedForward.from_feed_forward(ff)
-    y = fp8(x)
+    y = fp8(x, FP8)
     assert y.shape == x.shape
     assert rel(y, ff(x)) < 0.08
-    fp8.kernel = False
     assert rel(fp8(x), y) < MLP_TOL  # the kernel's silu may also differ from PyTorch's by an ulp
 
 
-def test_fp8_feed_forward_with_the_swiglu_in_the_gate_up_gemm_matches_the_unfused_one():
-    """quant "fp8-swiglu-epilogue": w1/w3 rows interleaved per 128 and the SwiGLU in the gate/up
-    GEMM's epilogue give the unfused MLP's output (the same codes into w2, up to the sums'
-    order where the two launches split K alike; kernels' test: bit for bit), through the
-    kernels and through the references; a hidden size that is no multiple of 128 keeps the
-    unfused layout."""
-    ff = FeedForward(256, 384).to(DEVICE)
-    x = torch.randn(2, 3, 256, device=DEVICE)
-    plain = FP8FeedForward.from_feed_forward(ff)
-    fused = FP8FeedForward.from_feed_forward(ff, swiglu_epilogue=True)
-    assert fused.swiglu_epilogue and not plain.swiglu_epilogue
-    y = fused(x)
-    assert y.shape == x.shape and rel(y, plain(x)) < MLP_TOL and rel(y, ff(x)) < 0.08
-    fused.kernel = plain.kernel = False
-    assert rel(fused(x), plain(x)) < 1e-5 and rel(fused(x), y) < MLP_TOL
-    assert not FP8FeedForward.from_feed_forward(FeedForward(200, 300).to(DEVICE), swiglu_epilogue=True).swiglu_epilogue
-
-
-def test_fp8_feed_forward_in_one_launch_matches_the_two():
-    """quant "fp8-mlp-one-launch": the SwiGLU-epilogue layout with both GEMMs in one
-    persistent launch (kernels/fp8_mlp.py) gives that layout's two launches' output bit for
-    bit at a decode batch, and keeps the two launches past ONE_LAUNCH_MAX_ROWS (prefill);
-    the reference path is the SwiGLU-epilogue one."""
-    ff = FeedForward(256, 384).to(DEVICE)
-    two = FP8FeedForward.from_feed_forward(ff, swiglu_epilogue=True)
-    one = FP8FeedForward.from_feed_forward(ff, one_launch=True)
-    assert one.one_launch and one.swiglu_epilogue and not two.one_launch
-    x = torch.randn(2, 3, 256, device=DEVICE)
-    assert torch.equal(one(x), two(x))
-    many = torch.randn(FP8FeedForward.ONE_LAUNCH_MAX_ROWS + 1, 256, device=DEVICE)
-    assert torch.equal(one(many), two(many))
-    one.kernel = two.kernel = False
-    assert torch.equal(one(x), two(x))
-    # a hidden size that is no multiple of 128 has no interleaved layout: the unfused MLP
-    assert not FP8FeedForward.from_feed_forward(FeedForward(200, 300).to(DEVICE), one_launch=True).one_launch
-
-
 def test_quantize_model_swaps_the_transformer_linears_only(tiny):
-    model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    model = quantize_model_(copy.deepcopy(tiny.model))
     for block in [*model.layers, *model.fast_layers]:
         assert isinstance(block.attention.wqkv, FP8Linear) and isinstance(block.attention.wo, FP8Linear)
         assert isinstance(block.feed_forward, FP8FeedForward)
@@ -112,7 +75,7 @@ def test_quantize_model_swaps_the_transformer_linears_only(tiny):
 def test_quantized_model_stays_close(tiny):
     prompt = tiny.prompts.full(None, "Hello there.").to(DEVICE)
     exact = tiny.model.full_logits(prompt)
-    model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    model = quantize_model_(copy.deepcopy(tiny.model))
     # ~5% (every linear of the slow transformer in e4m3, random weights)
     assert rel(model.full_logits(prompt), exact) < 0.1
 
@@ -126,7 +89,7 @@ def test_weights_rounded_through_fp8_are_the_fp8_layers_weights(tiny):
 
     rounded = copy.deepcopy(tiny.model)
     round_weights_through_fp8_(rounded)
-    quantized = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    quantized = quantize_model_(copy.deepcopy(tiny.model))
     for a, q in zip([*rounded.layers, *rounded.fast_layers], [*quantized.layers, *quantized.fast_layers]):
         pairs = [(a.attention.wqkv, q.attention.wqkv), (a.attention.wo, q.attention.wo),
                  (a.feed_forward.w13, q.feed_forward.w13), (a.feed_forward.w2, q.feed_forward.w2)]
@@ -140,7 +103,7 @@ def test_quantized_decode_step_runs_with_kernels(tiny):
     """The decode-shaped path (M = batch rows, slow step + a fast step) through the kernels
     gives the reference path's logits (prefill on the reference path: the interpreter
     runs one program per row and takes ~0.3 s per launch at M = 68)."""
-    model = quantize_model_(copy.deepcopy(tiny.model), kernel=False)
+    model = quantize_model_(copy.deepcopy(tiny.model))
     c = model.config
     kv = KVCache.allocate(c, 3, 128, DEVICE, torch.float32)
     fast = FastCache.allocate(c, 3, DEVICE, torch.float32)
@@ -150,33 +113,32 @@ def test_quantized_decode_step_runs_with_kernels(tiny):
     tokens = prompt[:, -1:].T.repeat(3, 1)  # [3, 1 + C]
     slots, positions = torch.arange(3, device=DEVICE), torch.full((3,), prompt.shape[1], device=DEVICE)
 
-    def step():
-        head, fast_in = model.decode_slow(tokens, slots, positions, prompt.shape[1] + 1, kv)
-        model.fast_step(fast_in, 0, fast)
-        return head, model.fast_step(model.fast_embeddings(tokens[:, 2]), 1, fast)
+    def step(plan=REFERENCE):
+        head, fast_in = model.decode_slow(tokens, slots, positions, prompt.shape[1] + 1, kv, plan)
+        model.fast_step(fast_in, 0, fast, plan)
+        return head, model.fast_step(model.fast_embeddings(tokens[:, 2]), 1, fast, plan)
 
     ref_head, ref_fast = step()
-    set_kernel_(model, True)
-    head, fast_logits = step()
+    head, fast_logits = step(FP8)
     assert rel(head, ref_head) < 1e-4 and rel(fast_logits, ref_fast) < 1e-4
-    model.step_kernels = True  # and with the blocks' small ops as kernels too, as a GPU runner serves it
-    head, fast_logits = step()
+    served = KernelPlan(fp8=True, step=True)  # and with the blocks' small ops as kernels too, as a GPU serves it
+    head, fast_logits = step(served)
     assert rel(head, ref_head) < 1e-4 and rel(fast_logits, ref_fast) < 1e-4
     # there the norms hand wqkv and the MLP their codes (kernels/add_rms_norm.py quantize):
     # the GEMMs take them instead of quantizing x themselves, and every logit is the same
     given = []
     real_forward = FP8Linear.forward
 
-    def spy(self, x, codes=None):
+    def spy(self, x, codes=None, plan=REFERENCE, swiglu=False):
         given.append(codes is not None)
-        return real_forward(self, x, codes)
+        return real_forward(self, x, codes, plan, swiglu)
 
     FP8Linear.forward = spy
     try:
-        with_codes = step()
+        with_codes = step(served)
         for block in [*model.layers, *model.fast_layers]:
             block.norms_quantize = False
-        without = step()
+        without = step(served)
     finally:
         FP8Linear.forward = real_forward
     half = len(given) // 2
@@ -219,7 +181,7 @@ def test_fp8_layers_capture_in_a_cuda_graph():
     x = torch.randn(4, 1, 2560, device="cuda", dtype=torch.bfloat16)
 
     def step():
-        return lin(x), ff(x)
+        return lin(x, None, FP8), ff(x, FP8)
 
     graph, outs = capture_without_syncs(step)
     x.copy_(torch.randn_like(x))
@@ -228,11 +190,8 @@ def test_fp8_layers_capture_in_a_cuda_graph():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("model, quant", [("tiny", "fp8"), ("default", "fp8-swiglu-epilogue"),
-                                          ("default", "fp8-mlp-one-launch")])
-def test_fp8_bundle_speaks_through_the_cli(tmp_path, model, quant):
-    """--quant fp8 (and the SwiGLU-epilogue and one-launch variants, on the default voice
-    whose hidden sizes are multiples of 128) loads, quantizes every transformer linear and synthesizes a WAV."""
+def test_fp8_bundle_speaks_through_the_cli(tmp_path, model="tiny", quant="fp8"):
+    """--quant fp8 loads, quantizes every transformer linear and synthesizes a WAV."""
     import subprocess
     import sys
 
@@ -246,8 +205,6 @@ def test_fp8_bundle_speaks_through_the_cli(tmp_path, model, quant):
     assert out.stat().st_size > 44  # header + samples
     bundle = load_bundle(model, "cpu", quant=quant)
     assert is_quantized(bundle.model)
-    mlps = [b.feed_forward for b in [*bundle.model.layers, *bundle.model.fast_layers]]
-    assert all(f.swiglu_epilogue == (quant != "fp8") and f.one_launch == (quant == "fp8-mlp-one-launch") for f in mlps)
     with pytest.raises(ValueError, match="unknown quantization"):
         load_bundle("tiny", "cpu", quant="int4")
 
@@ -271,9 +228,9 @@ def test_margins_report_every_greedy_codebook_draw(capsys):
 
 def test_sampling_heads_give_fp32_logits_of_the_bf16_values():
     """Both heads' logits come out in fp32, equal to the fp32 matmul of the model's bf16
-    hidden states and weights (engine/small_batch.py head_logits): never rounded to bf16,
+    hidden states and weights (engine/linear.py head_logits): never rounded to bf16,
     whose exact ties decided the FP8 gate's first differing draw on the default voice."""
-    from engine.small_batch import head_logits
+    from engine.linear import head_logits
 
     bundle = load_bundle("tiny", "cpu", torch.bfloat16)
     model, c = bundle.model, bundle.config

@@ -1,4 +1,4 @@
-"""Shared voice prefixes in the runner (engine/runner.py): streams of one voice read its
+"""Shared voice prefixes in the runner (engine/device_state.py, engine/decode.py): streams of one voice read its
 prompt's KV from one row of the step, with exactly the frames of reading their own
 copies, also as streams leave and a slot comes back with another voice (Triton decode
 attention, interpreted on a CPU)."""
@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from engine.kernel_plan import REFERENCE, KernelPlan
 from engine.runner import Runner
 from engine.sampling import SamplingParams
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GREEDY = SamplingParams(temperature=0.0, allow_end=False)
+ATTENTION = KernelPlan(attention=True)  # the Triton decode attention, where the shared reads happen
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +40,17 @@ def run(runner: Runner, bundle, spoil_followers: bool = False, leave: bool = Fal
     prefix = {0: a, 1: b, 2: a, 3: b}
     first = [runner.prefill_segment(s, prefix[s].length, prompts.segment(t), GREEDY) for s, t in texts.items()]
     if spoil_followers:  # what slots 2 and 3 hold of their prompts must not be read by the decode steps
-        for cache in (runner.kv.k, runner.kv.v):
+        for cache in (runner.state.kv.k, runner.state.kv.v):
             cache[:, 2, : a.length] = 1e3
             cache[:, 3, : b.length] = -1e3
     out = {"first": np.stack(first), "before": np.stack(steps(runner, [0, 1, 2, 3], 4))}
-    out["staged"] = runner.batch_prefix[:, :4].cpu().numpy().copy()
+    out["staged"] = runner.decoder.batch_prefix[:, :4].cpu().numpy().copy()
     if leave:
         out["left"] = np.stack(steps(runner, [1, 2, 3], 2))
     runner.load_prefix(0, b)
     out["again"] = runner.prefill_segment(0, b.length, prompts.segment("Back again."), GREEDY)
     out["after"] = np.stack(steps(runner, [0, 1, 2, 3], 4))
-    out["staged_after"] = runner.batch_prefix[:, :4].cpu().numpy().copy()
+    out["staged_after"] = runner.decoder.batch_prefix[:, :4].cpu().numpy().copy()
     return out
 
 
@@ -56,9 +58,9 @@ def run(runner: Runner, bundle, spoil_followers: bool = False, leave: bool = Fal
 def test_shared_prefix_reads_give_each_streams_own_frames(bundle, graphs):
     if graphs and DEVICE != "cuda":
         pytest.skip("CUDA graphs need a GPU")
-    own = run(Runner(bundle, 4, 160, cuda_graphs=graphs, attention_kernel=True), bundle)
-    shared_runner = Runner(bundle, 4, 160, cuda_graphs=graphs, attention_kernel=True, shared_prefix=True)
-    assert shared_runner.shared_prefix
+    own = run(Runner(bundle, 4, 160, ATTENTION, cuda_graphs=graphs, shared_prefix=False), bundle)
+    shared_runner = Runner(bundle, 4, 160, ATTENTION, cuda_graphs=graphs)
+    assert shared_runner.decoder.shared_prefix
     shared = run(shared_runner, bundle)
     for key in ("first", "before", "again", "after"):
         np.testing.assert_array_equal(shared[key], own[key], err_msg=key)
@@ -73,63 +75,24 @@ def test_followers_read_the_prompt_from_the_first_stream_of_their_voice(bundle):
     """Garbage in the followers' copies of their prompts after their segments' prefill:
     with shared reads the decode steps' frames are still the clean run's, and without
     them they are not (so this can fail)."""
-    clean = run(Runner(bundle, 4, 160, cuda_graphs=False, attention_kernel=True), bundle)
-    shared = run(Runner(bundle, 4, 160, cuda_graphs=False, attention_kernel=True, shared_prefix=True), bundle,
+    clean = run(Runner(bundle, 4, 160, ATTENTION, cuda_graphs=False, shared_prefix=False), bundle)
+    shared = run(Runner(bundle, 4, 160, ATTENTION, cuda_graphs=False), bundle,
                  spoil_followers=True)
     np.testing.assert_array_equal(shared["before"], clean["before"])
-    spoiled = run(Runner(bundle, 4, 160, cuda_graphs=False, attention_kernel=True), bundle, spoil_followers=True)
+    spoiled = run(Runner(bundle, 4, 160, ATTENTION, cuda_graphs=False, shared_prefix=False), bundle, spoil_followers=True)
     assert not np.array_equal(spoiled["before"], clean["before"])
 
 
-@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.gpu)])
-def test_cascade_gives_the_frames_of_shared_reads(bundle, graphs):
-    """The cascade (each voice's prompt attended once for its streams of the step,
-    kernels/cascade_attention.py) gives the greedy frames of shared reads, as streams
-    leave and come back with another voice."""
-    if graphs and DEVICE != "cuda":
-        pytest.skip("CUDA graphs need a GPU")
-    shared = run(Runner(bundle, 4, 160, cuda_graphs=graphs, attention_kernel=True, shared_prefix=True), bundle,
-                 leave=True)
-    runner = Runner(bundle, 4, 160, cuda_graphs=graphs, attention_kernel=True, prefix_cascade=True)
-    assert runner.prefix_cascade and runner.shared_prefix  # the cascade stages the shared prefix rows itself
-    cascade = run(runner, bundle, leave=True)
-    for key in ("first", "before", "left", "again", "after", "staged", "staged_after"):
-        np.testing.assert_array_equal(cascade[key], shared[key], err_msg=key)
-
-
 def test_a_segment_over_the_prompt_ends_the_sharing(bundle):
-    runner = Runner(bundle, 4, 160, cuda_graphs=False, attention_kernel=True, shared_prefix=True)
+    runner = Runner(bundle, 4, 160, ATTENTION, cuda_graphs=False)
     a = runner.prefill_prefix(0, bundle.prompts.segment("A voice prompt."))
     runner.load_prefix(1, a)
-    assert runner.slot_prefix[0] == runner.slot_prefix[1] == (a.ident, a.length)
+    assert runner.state.slot_prefix[0] == runner.state.slot_prefix[1] == (a.ident, a.length)
     runner.prefill_segment(1, 0, bundle.prompts.segment("No voice at all."), GREEDY)  # from position 0
-    assert runner.slot_prefix[1] is None and runner.slot_prefix[0] == (a.ident, a.length)
+    assert runner.state.slot_prefix[1] is None and runner.state.slot_prefix[0] == (a.ident, a.length)
     runner.read(runner.launch([0, 1], 150))
-    np.testing.assert_array_equal(runner.batch_prefix[:, :2].cpu().numpy(), [[0, 1], [a.length, 0]])
+    np.testing.assert_array_equal(runner.decoder.batch_prefix[:, :2].cpu().numpy(), [[0, 1], [a.length, 0]])
 
 
 def test_off_without_the_attention_kernel(bundle):
-    assert not Runner(bundle, 2, 64, cuda_graphs=False, attention_kernel=False, shared_prefix=True).shared_prefix
-    runner = Runner(bundle, 2, 64, cuda_graphs=False, attention_kernel=False, prefix_cascade=True)
-    assert not runner.prefix_cascade and not runner.shared_prefix
-
-
-def test_the_server_flag_turns_the_cascade_on():
-    from realtime.config import parse_args
-
-    assert parse_args(["--prefix-cascade"]).engine.prefix_cascade
-    assert not parse_args([]).engine.prefix_cascade
-
-
-def test_the_cascade_without_shared_prefix_rows_is_refused():
-    """--prefix-cascade reads each voice prompt from the staged shared rows, so it cannot
-    go with --no-shared-prefix-reads (every stream its own row): a usage error, not a
-    silent choice of one over the other."""
-    from engine.engine import EngineConfig
-    from realtime.config import parse_args
-
-    with pytest.raises(ValueError, match="prefix_cascade"):
-        EngineConfig(prefix_cascade=True, shared_prefix_reads=False)
-    with pytest.raises(SystemExit):
-        parse_args(["--prefix-cascade", "--no-shared-prefix-reads"])
-    assert parse_args(["--prefix-cascade"]).engine.prefix_cascade
+    assert not Runner(bundle, 2, 64, REFERENCE, cuda_graphs=False, shared_prefix=True).decoder.shared_prefix

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.bundle import load_bundle
+from engine.kernel_plan import REFERENCE, KernelPlan
 from engine.kv_cache import FastCache, KVCache
 from engine.runner import Runner
 from engine.sampling import SamplingParams
@@ -17,9 +18,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def decoded_frames(step_kernels: bool, gpu_path: bool, frames: int = 4, temperature: float = 0.0) -> list[torch.Tensor]:
     bundle = load_bundle("tiny", DEVICE, torch.float32)
-    runner = Runner(bundle, max_running=3, max_len=128, cuda_graphs=False, attention_kernel=gpu_path,
-                    fused_qkv=gpu_path, step_kernels=step_kernels)
-    assert runner.model.step_kernels is step_kernels
+    plan = KernelPlan(attention=gpu_path, fused_qkv=gpu_path, step=step_kernels)
+    runner = Runner(bundle, max_running=3, max_len=128, plan=plan, cuda_graphs=False)
     prompt = bundle.prompts.segment("Hello there.")
     for slot in range(3):
         runner.prefill_segment(slot, 8 * slot, prompt, SamplingParams(temperature=temperature, seed=slot))
@@ -45,20 +45,18 @@ def test_logits_match_in_prefill_decode_and_every_fast_step():
     model.layers.apply(lambda m: m.fuse_gate_up_() if hasattr(m, "fuse_gate_up_") else None)
     tokens = bundle.prompts.segment("A short prompt for both paths.").to(DEVICE)
     outs = []
-    for on in (False, True):
-        model.step_kernels = on
+    for plan in (REFERENCE, KernelPlan(step=True)):
         kv = KVCache.allocate(c, 1, 64, DEVICE, torch.float32)
         fast = FastCache.allocate(c, 1, DEVICE, torch.float32)
         with torch.no_grad():
-            head, fast_in = model.prefill(tokens, 0, 0, kv)
-            model.fast_step(fast_in, 0, fast)
-            logits = [head] + [model.fast_step(model.fast_embeddings(torch.tensor([i], device=DEVICE)), i, fast)
+            head, fast_in = model.prefill(tokens, 0, 0, kv, plan)
+            model.fast_step(fast_in, 0, fast, plan)
+            logits = [head] + [model.fast_step(model.fast_embeddings(torch.tensor([i], device=DEVICE)), i, fast, plan)
                                for i in range(1, c.num_codebooks)]
             frame = torch.zeros(1, 1 + c.num_codebooks, dtype=torch.long, device=DEVICE)
             frame[0, 0] = c.semantic_begin_id
             pos = torch.tensor([tokens.shape[1]], device=DEVICE)
-            logits.append(model.decode_slow(frame, torch.tensor([0], device=DEVICE), pos, int(pos) + 1, kv)[0])
+            logits.append(model.decode_slow(frame, torch.tensor([0], device=DEVICE), pos, int(pos) + 1, kv, plan)[0])
         outs.append(logits)
-    model.step_kernels = False
     for a, b in zip(*outs):
         assert ((a - b).norm() / b.norm()).item() < 1e-5
