@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from engine.config import PRESETS, ModelConfig, preset
 from engine.model import DualARModel
 from engine.prompt import PromptBuilder
 from engine.quant import quantize_model_
-from engine.tokenizer import IM_END, TextTokenizer
+from engine.tokenizer import IM_END, IM_START, INTERLEAVE, VOICE, TextTokenizer, semantic_token, speaker_token
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_FOLDER = ASSETS / "default"
@@ -159,10 +160,6 @@ def random_preset(
 def synthetic_tokenizer(config: ModelConfig) -> TextTokenizer:
     """A byte-level tokenizer whose special ids sit where a preset's config puts them,
     for random-weight benchmark presets (their text ids only need to be consistent)."""
-    import re
-
-    from engine.tokenizer import INTERLEAVE, IM_START, VOICE, semantic_token, speaker_token
-
     vocab = {semantic_token(i): config.semantic_begin_id + i for i in range(config.num_semantic)}
     vocab[IM_END] = config.im_end_id
     used = set(vocab.values())

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from engine.tokenizer import TINY_LAYOUT
+
 PromptFormat = Literal["s1", "s2"]
 
 
@@ -257,8 +259,6 @@ def _s1_mini() -> ModelConfig:
 def _tiny() -> ModelConfig:
     # Test-sized model; its token ids match the tiny tokenizer that ships in
     # engine/assets/tiny (see engine/tokenizer.py: build_tiny_tokenizer).
-    from engine.tokenizer import TINY_LAYOUT
-
     return ModelConfig(
         vocab_size=TINY_LAYOUT.vocab_size, n_layer=2, n_head=4, n_local_heads=2,
         head_dim=16, dim=64, intermediate_size=128, rope_base=10000.0, norm_eps=1e-6,
