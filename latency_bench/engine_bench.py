@@ -15,9 +15,8 @@ its bf16 baseline are timed in the same run.
 
 `--shared-prefix N`: every stream of the decode batch speaks one voice whose prompt is
 its first N positions (as in the service, where each stream's row holds a copy of the
-voice's prefilled prompt), so the graphs run with shared voice prefix reads; two more
-modes time the same steps reading every stream's own row (graphs_own_rows, the baseline)
-and through the cascade attention (graphs_cascade, kernels/cascade_attention.py):
+voice's prefilled prompt), so the graphs run with shared voice prefix reads; one more
+mode times the same steps reading every stream's own row (graphs_own_rows, the baseline):
 
     python -m latency_bench.engine_bench --model s2-pro --device cuda --batch 16,54,64 --skip-eager --context 800 --shared-prefix 340
 """
@@ -25,6 +24,7 @@ and through the cascade attention (graphs_cascade, kernels/cascade_attention.py)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from engine.bundle import QUANT_MODES, load_bundle
+from engine.kernel_plan import build_plan
 from engine.kv_cache import KV_QUANTS
-from engine import runner as runner_module
 from engine.runner import PrefixKV, Runner
 from engine.sampling import SamplingParams
 from latency_bench.jsonfile import write_json
@@ -50,22 +50,23 @@ def prepare_batch(runner: Runner, batch: int, context: int, shared_prefix: int =
     `shared_prefix` N, each slot's first N positions are one voice's prompt, copied in as
     the service copies a cached voice (Runner.load_prefix), so that the runner's shared
     prefix reads or the cascade read them from one row."""
-    c = runner.config
+    st = runner.state
+    c = st.config
     slots = list(range(batch))
     if shared_prefix:
         n = min(shared_prefix, context)
-        voice = PrefixKV(runner.kv.k[:, 0, :n].clone(), runner.kv.v[:, 0, :n].clone(), n)
+        voice = PrefixKV(st.kv.k[:, 0, :n].clone(), st.kv.v[:, 0, :n].clone(), n)
         for s in slots:
             runner.load_prefix(s, voice)
     g = torch.Generator().manual_seed(0)
     frames = torch.randint(0, c.fast_vocab, (batch, 1 + c.num_codebooks), generator=g)
     frames[:, 0] += c.semantic_begin_id
-    idx = torch.tensor(slots, device=runner.device)
-    runner.tokens[idx] = frames.to(runner.device)
-    runner.positions[idx] = context
-    runner.frame_index[idx] = 1
+    idx = torch.tensor(slots, device=st.device)
+    st.tokens[idx] = frames.to(st.device)
+    st.positions[idx] = context
+    st.frame_index[idx] = 1
     for s in slots:
-        runner.params.set_row(s, SamplingParams(temperature=0.7, top_p=0.7, seed=s, allow_end=False))
+        st.params.set_row(s, SamplingParams(temperature=0.7, top_p=0.7, seed=s, allow_end=False))
     return slots
 
 
@@ -76,7 +77,7 @@ def bench_decode(runner: Runner, batch: int, context: int, steps: int, shared_pr
     for _ in range(3):  # warm-up (and graph capture, when on)
         handle = runner.launch(slots, kv_len)
         runner.read(handle)
-    _sync(runner.device)
+    _sync(runner.state.device)
     t0 = time.perf_counter()
     for _ in range(steps):
         handle = runner.launch(slots, kv_len)
@@ -105,7 +106,7 @@ def median_ms(fn, device: torch.device, repeats: int = 5, warmups: int = 1) -> f
 
 
 def _segment_tokens(runner: Runner, length: int) -> torch.Tensor:
-    tokens = torch.zeros(1 + runner.config.num_codebooks, length, dtype=torch.long)
+    tokens = torch.zeros(1 + runner.state.config.num_codebooks, length, dtype=torch.long)
     tokens[0] = torch.randint(0, 200, (length,))
     return tokens
 
@@ -113,7 +114,7 @@ def _segment_tokens(runner: Runner, length: int) -> torch.Tensor:
 def bench_prefill(runner: Runner, length: int, repeats: int = 5) -> dict:
     tokens, params = _segment_tokens(runner, length), SamplingParams(temperature=0.7, seed=1)
     # prefill_segment returns after the first frame is on the host
-    return {"tokens": length, "ms": median_ms(lambda: runner.prefill_segment(0, 0, tokens, params), runner.device, repeats)}
+    return {"tokens": length, "ms": median_ms(lambda: runner.prefill_segment(0, 0, tokens, params), runner.state.device, repeats)}
 
 
 def bench_segments(runner: Runner, batch: int, start: int = 340, length: int = 40, repeats: int = 5) -> dict:
@@ -122,7 +123,7 @@ def bench_segments(runner: Runner, batch: int, start: int = 340, length: int = 4
     batched prefill, to every first frame on the host."""
     tokens, params = _segment_tokens(runner, length), SamplingParams(temperature=0.7, seed=1)
     items = [(slot, start, tokens, params) for slot in range(batch)]
-    ms = median_ms(lambda: runner.prefill_segments(items), runner.device, repeats)
+    ms = median_ms(lambda: runner.prefill_segments(items), runner.state.device, repeats)
     return {"batch": batch, "start": start, "tokens": length, "ms": ms}
 
 
@@ -140,86 +141,58 @@ def main(argv=None) -> int:
     p.add_argument("--quant", default="none", choices=QUANT_MODES)
     p.add_argument("--kv-quant", default="none", help="KV cache layouts, comma-separated: none, fp8")
     p.add_argument("--step-kernels-baseline", action="store_true",
-                   help="also run CUDA graphs with the blocks' small ops in PyTorch (mode graphs_torch_ops): "
-                        "the baseline of kernels/add_rms_norm.py, swiglu.py, fast_attention.py")
+                   help="also run CUDA graphs with the blocks' small ops in PyTorch (mode graphs_torch_ops)")
     p.add_argument("--gemv-baseline", action="store_true",
-                   help="also run CUDA graphs with every linear layer on its GEMM at every batch (mode graphs_no_gemv): "
-                        "the baseline of the small-batch GEMV (kernels/gemv.py, engine/small_batch.py)")
+                   help="also run CUDA graphs with every linear layer on its GEMM (mode graphs_no_gemv)")
     p.add_argument("--pdl-baseline", action="store_true",
-                   help="also run CUDA graphs with the step's kernels launched one after another at every batch "
-                        "(mode graphs_no_pdl) and with PDL at every batch (graphs_pdl_all): the baselines of "
-                        "kernels/pdl.py and engine/runner.py PDL_BATCHES")
-    p.add_argument("--prefill-attention", default="blocked",
-                   help="the chunked prefill's attention, comma-separated: blocked (the engine's default), per-query; "
-                        "each after the first adds a graphs mode (e.g. graphs_prefill_per_query) against the first")
+                   help="also run CUDA graphs without programmatic dependent launch (mode graphs_no_pdl)")
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                    help="the decode batch speaks one voice whose prompt is each stream's first N positions; adds "
-                        "the modes graphs_own_rows (no shared reads: the baseline) and graphs_cascade "
-                        "(kernels/cascade_attention.py)")
+                        "the mode graphs_own_rows (no shared reads: the baseline)")
     p.add_argument("--skip-eager", action="store_true", help="on a GPU, time the graph modes only (saves minutes)")
-    p.add_argument("--attention-launch", default="measured", choices=["measured", "short"],
-                   help="decode attention's launch: the measured choice per batch (kernels/decode_attention.py"
-                        " launch_choice), or its short splits at every batch (the launch before it, a baseline)")
     p.add_argument("--out", default="out/engine_bench")
     a = p.parse_args(argv)
-    if a.attention_launch == "short":
-        import kernels.decode_attention as attention
-
-        attention.LARGE_FROM_PROGRAMS = sys.maxsize  # every call takes the short-split launch
     batches = [int(x) for x in a.batch.split(",")]
     kv_quants = a.kv_quant.split(",")
     if any(q not in KV_QUANTS for q in kv_quants):
         p.error(f"--kv-quant takes {', '.join(KV_QUANTS)}, got {a.kv_quant}")
-    prefill_kinds = a.prefill_attention.split(",")
-    if any(k not in runner_module.PREFILL_ATTENTION for k in prefill_kinds):
-        p.error(f"--prefill-attention takes {', '.join(runner_module.PREFILL_ATTENTION)}, got {a.prefill_attention}")
     bundle = load_bundle(a.model, a.device, quant=a.quant)
     device = bundle.device
-    modes = ["eager"]
+    # mode -> what differs from the full plan with graphs (engine/kernel_plan.py)
+    modes = {"eager": {"graphs": False}}
     if device.type == "cuda" and not a.no_graphs:
-        modes.append("graphs")
+        modes["graphs"] = {}
         if a.step_kernels_baseline:
-            modes.append("graphs_torch_ops")
+            modes["graphs_torch_ops"] = {"plan": {"step": False}}
         if a.gemv_baseline:
-            modes.append("graphs_no_gemv")
+            modes["graphs_no_gemv"] = {"plan": {"gemv": False}}
         if a.pdl_baseline:
-            modes += ["graphs_no_pdl", "graphs_pdl_all"]
+            modes["graphs_no_pdl"] = {"plan": {"pdl": False}}
         if a.shared_prefix:
-            modes += ["graphs_own_rows", "graphs_cascade"]
+            modes["graphs_own_rows"] = {"shared_prefix": False}
         if a.skip_eager:
-            modes.remove("eager")
-    prefill_of = {}  # modes of a further prefill attention (the rest take the first)
-    if device.type == "cuda" and not a.no_graphs:
-        for k in prefill_kinds[1:]:
-            modes.append(f"graphs_prefill_{k.replace('-', '_')}")
-            prefill_of[modes[-1]] = k
-    fastest = next((m for m in modes if m == "graphs"), modes[0])
-    kv_of = {m: kv_quants[0] for m in modes}
-    for q in kv_quants[1:]:
-        modes.append(f"{fastest}_kv_{q}")
-        kv_of[modes[-1]] = q
-    pdl_batches = runner_module.PDL_BATCHES
-    results: dict = {"model": bundle.name, "quant": a.quant, "attention_launch": a.attention_launch, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
+            del modes["eager"]
+    fastest = "graphs" if "graphs" in modes else next(iter(modes))
+    for q in kv_quants:
+        for m in list(modes):
+            modes[m].setdefault("kv", kv_quants[0])
+        if q != kv_quants[0]:
+            modes[f"{fastest}_kv_{q}"] = {**modes[fastest], "kv": q}
+    results: dict = {"model": bundle.name, "quant": a.quant, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
                      "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
-    for mode in modes:
-        runner_module.PDL_BATCHES = runner_module.BUCKETS if mode == "graphs_pdl_all" else pdl_batches
-        runner = Runner(bundle, max(batches), a.max_len, cuda_graphs=not mode.startswith("eager"),
-                        step_kernels=False if mode == "graphs_torch_ops" else None, kv_quant=kv_of[mode],
-                        gemv=False if mode == "graphs_no_gemv" else None, pdl=False if mode == "graphs_no_pdl" else None,
-                        prefill_attention=prefill_of.get(mode, prefill_kinds[0]),
-                        shared_prefix=a.shared_prefix > 0 and mode != "graphs_own_rows",
-                        prefix_cascade=mode == "graphs_cascade")
+    for mode, differs in modes.items():
+        plan = build_plan(bundle.model, device, bundle.dtype, differs["kv"])
+        plan = dataclasses.replace(plan, **differs.get("plan", {}))
+        runner = Runner(bundle, max(batches), a.max_len, plan, kv_quant=differs["kv"],
+                        cuda_graphs=differs.get("graphs", device.type == "cuda"),
+                        shared_prefix=a.shared_prefix > 0 and differs.get("shared_prefix", True))
         results[mode] = {
-            "prefill_attention": prefill_of.get(mode, prefill_kinds[0]),
-            "step_kernels": runner.model.step_kernels,
-            "gemv": runner.gemv,
-            "pdl_buckets": runner.pdl_buckets,
-            "kv_quant": kv_of[mode],
+            "plan": dataclasses.asdict(plan),
+            "kv_quant": differs["kv"],
             "kv_bytes_per_stream": runner.kv_bytes_per_stream(),
-            "shared_prefix": a.shared_prefix if runner.shared_prefix else 0,
-            "prefix_cascade": runner.prefix_cascade,
+            "shared_prefix": a.shared_prefix if runner.decoder.shared_prefix else 0,
             "decode": [bench_decode(runner, b, a.context, a.steps, a.shared_prefix) for b in batches],
             "prefill": [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len],
             "segments": [bench_segments(runner, b) for b in (1, 16) if b <= max(batches) and 380 < a.max_len],
@@ -238,24 +211,15 @@ def main(argv=None) -> int:
     for i, b in enumerate(batches):
         print(f"{b:>6} " + " ".join(
             f"{results[m]['decode'][i]['step_ms']:>16.2f} {results[m]['decode'][i]['frames_per_s']:>16.1f}" for m in modes))
-    runner_module.PDL_BATCHES = pdl_batches
 
     def step_ratios(base_mode: str, mode: str) -> str:  # per batch, how much faster `mode`'s step is
         base, new = results[base_mode]["decode"], results[mode]["decode"]
         return ", ".join(f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches))
 
-    for base_mode in ("graphs_no_pdl", "graphs_pdl_all"):
+    for base_mode in ("graphs_torch_ops", "graphs_no_gemv", "graphs_no_pdl", "graphs_own_rows"):
         if base_mode in results and "graphs" in results:
-            print(f"graphs (PDL at batch buckets {results['graphs']['pdl_buckets']}) against {base_mode} (step time "
-                  f"ratio, higher is faster): {step_ratios(base_mode, 'graphs')}")
-    for m in ("graphs", "graphs_cascade"):  # the shared voice prompt read once per voice, against own rows
-        if a.shared_prefix and m in results and "graphs_own_rows" in results:
-            print(f"{m} ({'cascade' if m == 'graphs_cascade' else 'shared reads'}, a {a.shared_prefix}-position voice "
-                  f"prompt) against graphs_own_rows (step time ratio, higher is faster): {step_ratios('graphs_own_rows', m)}")
-    if "graphs_no_gemv" in results and "graphs" in results:
-        print("graphs (GEMV at batch 1) against graphs_no_gemv (step time ratio, higher is faster): "
-              + step_ratios("graphs_no_gemv", "graphs"))
-    for m in modes[len(modes) - len(kv_quants) + 1:]:  # each further KV layout against the same mode's first
+            print(f"graphs against {base_mode} (step time ratio, higher is faster): {step_ratios(base_mode, 'graphs')}")
+    for m in [m for m in modes if "_kv_" in m]:  # each further KV layout against the same mode's first
         base = results[fastest]
         print(f"{m} against {fastest} (step time ratio, higher is faster): {step_ratios(fastest, m)}; KV per stream "
               f"{results[m]['kv_bytes_per_stream'] / 2**20:.1f} vs {base['kv_bytes_per_stream'] / 2**20:.1f} MiB")
@@ -264,11 +228,6 @@ def main(argv=None) -> int:
             print(f"{m} prefill {pf['tokens']:>5} tokens: {pf['ms']:.1f} ms (to the first frame on the host)")
         for sg in results[m]["segments"]:
             print(f"{m} prefill of {sg['batch']:>2} segments of {sg['tokens']} tokens after {sg['start']}: {sg['ms']:.1f} ms")
-    for m in prefill_of:  # each further prefill attention against the first, same run
-        base = results["graphs"]
-        ratios = [f"{b['tokens']} tokens {b['ms'] / n['ms']:.2f}x" for b, n in zip(base["prefill"], results[m]["prefill"])]
-        ratios += [f"{b['batch']} segments {b['ms'] / n['ms']:.2f}x" for b, n in zip(base["segments"], results[m]["segments"])]
-        print(f"{m} against graphs ({prefill_kinds[0]}) (prefill time ratio, higher is faster): {', '.join(ratios)}")
     print(f"wrote {out / 'engine_bench.json'}")
     return 0
 
