@@ -100,15 +100,22 @@ def test_gate_takes_the_median_of_a_repeated_level():
     assert compare(ref, three) == []
 
 
-def test_frozen_reference_is_well_formed():
+@pytest.mark.parametrize("card", ["cpu-tiny", "h100-s2pro", "h200-s2pro"])
+def test_frozen_reference_is_well_formed(card):
+    """Each card's frozen load references pass their own gate, and meta.json says which
+    card, day, commit and command made every one of them."""
     from pathlib import Path
 
-    folder = Path(__file__).parent.parent / "latency_bench" / "reference" / "h200-s2pro"
-    load = json.loads((folder / "load.json").read_text())
-    assert {1, 16, 64} <= {lv["concurrency"] for lv in load["runs"]["engine"]}  # the issue's levels
-    assert compare(load, copy.deepcopy(load)) == []  # the reference passes its own gate
+    folder = Path(__file__).parent.parent / "latency_bench" / "reference" / card
     meta = json.loads((folder / "meta.json").read_text())
-    assert meta["gpu"].startswith("NVIDIA H200") and meta["commit"]
+    assert meta["card"] and meta["date"].startswith("2026-") and meta["commit"]
+    files = sorted(p.name for p in folder.glob("load*.json"))
+    assert files and sorted(meta["command"]) == files
+    for name in files:
+        load = json.loads((folder / name).read_text())
+        if card != "cpu-tiny":
+            assert {1, 16, 64} <= {lv["concurrency"] for lv in load["runs"]["engine"]}  # the issue's levels
+        assert compare(load, copy.deepcopy(load)) == []  # a reference passes its own gate
 
 
 @pytest.mark.slow
