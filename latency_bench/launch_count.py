@@ -2,7 +2,7 @@
 
 On an H200 the frame step of the `s2-pro` shape is launch-bound: its GEMMs take ~5 ms and
 the ~3,900 small kernels around them (norms, RoPE, casts, sampling) ~5 ms more
-(latency_bench/reference/h200-s2pro/profile-first-kernel.json: 3,996 kernels a step). Each
+(a profile of the step at `75f8c4a`: 3,996 kernels a step). Each
 dispatched non-view ATen operation of the eager step is one kernel launch on a GPU (a CUDA
 graph replays the same launches), so their count can be read on any machine, in seconds,
 without weights that matter: the model keeps the preset's structure (layers, heads per
@@ -143,7 +143,7 @@ TRITON_LAUNCHERS = {
 # a launcher makes depends on its launch choice (a split-K sum in a second launch, a
 # quantize launch first)
 FP8_KERNELS = ("_fp8_gemm_kernel", "_fp8_gemm_tma_kernel", "_splitk_reduce_kernel", "_splitk_reduce_swiglu_kernel",
-               "_quant_act_kernel", "_swiglu_quant_kernel", "_fp8_mlp_kernel")
+               "_quant_act_kernel", "_swiglu_quant_kernel")
 
 
 @contextmanager
@@ -209,7 +209,7 @@ def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False
     streams at `context` positions. kernels=True: the GPU's path, with the Triton decode
     kernels (run by the interpreter on a CPU: set TRITON_INTERPRET=1 before importing)
     and the blocks' small ops as Triton kernels (TransformerBlock.forward_kernels).
-    `quant` "fp8" / "fp8-swiglu-epilogue" / "fp8-mlp-one-launch": the FP8 layers with their kernels (needs
+    `quant` "fp8": the FP8 layers with their kernels (needs
     kernels=True), launch choices by gemm_config's rule at the narrowed widths;
     `norm_codes` False: their GEMMs quantize their inputs themselves (before 2026-12-05)."""
     from engine.runner import Runner
@@ -220,8 +220,7 @@ def step_counts(name: str, batch: int, context: int = 300, kernels: bool = False
             raise ValueError("the FP8 layers' launches are counted on the kernels path (kernels=True)")
         from engine.quant import quantize_model_
 
-        quantize_model_(bundle.model, kernel=True, swiglu_epilogue=quant == "fp8-swiglu-epilogue",
-                        one_launch=quant == "fp8-mlp-one-launch")
+        quantize_model_(bundle.model, kernel=True)
         for block in [*bundle.model.layers, *bundle.model.fast_layers]:
             block.norms_quantize = norm_codes
     runner = Runner(bundle, max_running=batch, max_len=context + 64, cuda_graphs=False,
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="the GPU's path: Triton decode attention, the fused q/k/v kernel and the blocks' "
                          "small-op kernels (interpreted on a CPU)")
-    ap.add_argument("--quant", default="none", choices=["none", "fp8", "fp8-swiglu-epilogue", "fp8-mlp-one-launch"],
+    ap.add_argument("--quant", default="none", choices=["none", "fp8"],
                     help="FP8 layers (with --kernels; interpreted, so minutes at batch 64)")
     ap.add_argument("--gemms-quantize", action="store_true",
                     help="with --quant: the GEMMs quantize their inputs (no codes from the norms)")

@@ -157,11 +157,22 @@ def test_gpu_side_benchmarks_need_no_service_packages():
 
     code = ("import sys\n"
             "for m in ('websockets', 'starlette', 'uvicorn', 'msgpack', 'av'): sys.modules[m] = None\n"
-            "import latency_bench.engine_bench, latency_bench.kernel_bench, latency_bench.kernel_sweep\n"
-            "import latency_bench.profile_step, latency_bench.profile_codec, latency_bench.first_replay\n"
+            "import latency_bench.engine_bench, latency_bench.kernel_bench, latency_bench.attention_bench\n"
+            "import latency_bench.profile_step, latency_bench.profile_codec, latency_bench.launch_count\n"
             "import latency_bench.gate, latency_bench.report\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_kernel_table_smoke_writes_the_gemms_and_the_mlp_block(tmp_path):
+    """latency_bench.kernel_bench --smoke (interpreter): each FP8 GEMM row and the MLP
+    block are timed against cuBLAS's baselines and written (the GPU's `kernels` part)."""
+    from latency_bench.kernel_bench import main
+
+    assert main(["--smoke", "--m", "1", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "kernel_bench.json").read_text())
+    assert table["rows"] and all(r["us"]["fp8"] > 0 for r in table["rows"])
+    assert table["mlp"]["us"]["fp8"] > 0 and table["mlp"]["us"]["bf16"] > 0
 
 
 def test_engine_shares_from_two_scrapes_of_metrics():
@@ -210,29 +221,10 @@ def test_codec_flops_a_frame_do_not_depend_on_the_call_shape():
     assert abs(sum(four["by_op"].values()) - four["total"]) <= 1e-6 * four["total"]
 
 
-def test_codec_policy_model_orders_the_policies(capsys):
-    """latency_bench.codec_policy_model runs the worker's real policy code on a modeled
-    GPU: steps of 8 rows pad less than powers of two with the same calls, a shared
-    release makes fewer and fuller calls, and the table prints every policy."""
-    from engine.bundle import load_bundle
-    from latency_bench.codec_policy_model import POLICIES, Workload, main, model
-
-    codec = load_bundle("tiny", "cpu", torch.float32).codec
-    work = Workload(seconds=4.0)
-    default, step8 = model(codec, work), model(codec, work, bucket_step=8)
-    released = model(codec, work, release_interval_s=0.05)
-    assert default["calls"] == step8["calls"] > 0 and step8["padding"] < default["padding"]
-    assert released["calls"] < default["calls"] and released["frames_per_call"] > default["frames_per_call"]
-    assert step8["codec_ms_per_frame"] < default["codec_ms_per_frame"]
-    assert main(["--seconds", "1", "--streams", "8"]) == 0
-    table = capsys.readouterr().out
-    assert all(name in table for name in POLICIES)
-
-
 def test_engine_bench_shared_prefix_gives_every_stream_one_voice_prompt():
     """engine_bench --shared-prefix N: each decode stream's first N positions are one
     voice's prompt, copied in as the service copies a cached voice, so the runner's
-    shared reads (and the cascade) point every stream at one row; without it, none."""
+    shared reads point every stream at one row; without it, none."""
     from engine.bundle import load_bundle
     from engine.runner import Runner
     from latency_bench.engine_bench import prepare_batch
