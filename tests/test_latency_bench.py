@@ -100,6 +100,23 @@ def test_gate_takes_the_median_of_a_repeated_level():
     assert compare(ref, three) == []
 
 
+def test_side_by_side_gives_current_over_base_per_level():
+    """latency_bench.ab: the acceptance run's table, a repeated level by its median."""
+    from latency_bench.ab import side_by_side
+
+    def run(levels):
+        return {"runs": {"engine": [{"concurrency": c, "frames_per_s": f, "ttfa_s": {"p50": p50, "p99": p99}}
+                                    for c, f, p50, p99 in levels]}}
+
+    base = run([(1, 100.0, 0.020, 0.030), (64, 4000.0, 0.060, 0.100)])
+    current = run([(1, 110.0, 0.020, 0.030), (64, 3000.0, 0.090, 0.400), (64, 4400.0, 0.066, 0.110),
+                   (64, 5000.0, 0.050, 0.090)])
+    rows = {tuple(line.split()[:3]): line.split()[-1] for line in side_by_side(base, current).splitlines()[1:-1]}
+    assert rows[("1", "frames/s", "100.0")] == "1.10x"
+    assert rows[("64", "frames/s", "4000.0")] == "1.10x"  # the median of three runs: 4,400
+    assert rows[("64", "TTFA", "p50")] == "1.10x" and rows[("64", "TTFA", "p99")] == "1.10x"
+
+
 @pytest.mark.parametrize("card", ["cpu-tiny", "h100-s2pro", "h200-s2pro"])
 def test_frozen_reference_is_well_formed(card):
     """Each card's frozen load references pass their own gate, and meta.json says which
