@@ -2,33 +2,34 @@
 # What this project measures on the GPU machine, one part per call. A device call may run
 # 10 minutes, and a fresh machine's bf16 s2-pro server takes ~60-150 s to start (cold
 # Triton/cuDNN caches); every step below has a time limit that leaves room for both.
-# Results go to $OUT (default out/gpu).
+# Results go to $OUT (default out/gpu). The time limits are set from the old parts' runs,
+# not yet timed in this form on a GPU.
 #
-#   bash scripts/gpu_check.sh tests     # every GPU test: pytest -m gpu (~5-9 min)
+#   bash scripts/gpu_check.sh tests     # every GPU test: pytest -m gpu (560 s limit)
 #       TESTS="tests/test_kernel_decode_attention.py ...": other test files or pytest
 #       arguments instead (kernel tests run compiled on a GPU)
-#   bash scripts/gpu_check.sh engine    # the engine alone, s2-pro shape, eager vs CUDA graphs (~5-9 min)
+#   bash scripts/gpu_check.sh engine    # the engine alone, s2-pro shape, eager vs CUDA graphs (560 s limit)
 #       QUANT=fp8: FP8 weights; ENGINE_ARGS: more engine_bench flags (its baselines)
 #   bash scripts/gpu_check.sh load      # the reference load c=1,16,64 + the naive baseline c=1,4,
-#                                       # gated against this card's frozen reference (~6-8 min)
+#                                       # gated against this card's frozen reference (300 + 200 s limits)
 #       QUANT=fp8: FP8 weights, gated against load-fp8.json; NAIVE=0: no naive baseline;
 #       BASE_TREE=<dir>: the acceptance run of a change: the same load first from <dir> (a
 #       checkout of the tree before it, copied into the repo under an ignored folder and
 #       carried), then from this tree, each with its own server, both gated, then the two
-#       side by side (~9 min; no naive baseline unless NAIVE=1). E.g.
+#       side by side (280 + 300 s limits; no naive baseline unless NAIVE=1). E.g.
 #         mkdir -p .carry/base && git archive BASE engine kernels latency_bench realtime clients \
 #             ':!engine/assets' | tar -x -C .carry/base        # then carry .carry/base and .whl/serve
 #       (engine/assets, 38 MB of default voice, is copied in from this tree on the machine)
 #   bash scripts/gpu_check.sh capacity  # the reference workload past 64 streams: c=64,96,128 in bf16
-#                                       # and FP8, a server each (~9 min)
+#                                       # and FP8, a server each (270 s limit each)
 #       CAP_LEVELS (64,96,128), QUANTS ("none fp8"), CAP_S (seconds per server, 270)
 #   bash scripts/gpu_check.sh kernels   # the kernel table: FP8 GEMMs and MLP block vs cuBLAS, GEMV,
-#                                       # decode attention, sampling, q/k/v + RoPE, fast attention (~6-9 min)
+#                                       # decode attention, sampling, q/k/v + RoPE, fast attention (limits: 570 s in all)
 #       KERNELS: a subset of "fp8 gemv attention sample qk_rope fast_attention"
 #   bash scripts/gpu_check.sh profile   # one decode step's kernels by GPU time (batch 1, 64) and the
-#                                       # codec worker's calls and kernels (~3-6 min)
+#                                       # codec worker's calls and kernels (200 + 200 s limits)
 #       QUANT=fp8: the step with FP8 weights
-#   bash scripts/gpu_check.sh all       # every part in turn (~45 min: for a machine of one's own,
+#   bash scripts/gpu_check.sh all       # every part in turn (~50 min of limits: for a machine of one's own,
 #                                       # not one device call)
 # Common: MODEL (s2-pro), DEVICE (cuda), LEVELS (the load's levels, 1,16,64), REFDIR (the
 # frozen reference folder; by default picked from the card's name).
