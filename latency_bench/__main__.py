@@ -7,7 +7,9 @@
     # against a running service:
     python -m latency_bench --url ws://host:8765/v1/tts/live --concurrency 1,16,64
 
-Writes <out>/results.json, <out>/ttfa_throughput.png and prints a table per run.
+Writes <out>/results.json, <out>/ttfa_throughput.png and prints a table per run. A service
+it starts runs as `python -m latency_bench.server` (the service plus the benchmark's
+baselines); `--baseline naive` starts a second one with `--naive`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--think", type=float, default=0.3, help="seconds between turns (randomized 0.5x-1.5x)")
     p.add_argument("--ramp", type=float, default=1.0, help="seconds over which connections arrive")
     p.add_argument("--max-new-tokens", type=int, default=200, help="frames per turn (the cap)")
-    p.add_argument("--fixed-frames", action="store_true", help="ignore end-of-speech: every turn is max-new-tokens frames")
+    p.add_argument("--fixed-frames", action="store_true", help="ignore end-of-speech: every turn is max-new-tokens frames "
+                   "(random weights never say when to stop; a started service also gets --ignore-end)")
     p.add_argument("--format", default="pcm")
     p.add_argument("--voice", help="a stored voice id (reference_id)")
     p.add_argument("--reference-audio", help="inline reference audio file")
@@ -55,7 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "mode serves one utterance at a time, so high levels take minutes")
     p.add_argument("--baseline-turns", type=int, help="turns per connection for the baseline (default: --turns)")
     p.add_argument("--only-baseline", action="store_true", help="run the baseline alone (split long sweeps)")
-    p.add_argument("--server-arg", action="append", default=[], help="extra argument for the started service")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra argument for the started service: any `python -m latency_bench.server` option, e.g. "
+                        "--server-arg=--quant=fp8 or --server-arg=--limit=new-tokens=4096")
     p.add_argument("--api-key")
     p.add_argument("--out", default="out/latency_bench")
     p.add_argument("--title", default="")
@@ -151,7 +156,8 @@ def main(argv=None) -> int:
         if a.baseline:
             modes.append(("naive", ["--naive"], base_levels, a.baseline_turns or a.turns))
         for name, extra, lv, turns in modes:
-            server_args = ["--max-running", str(max(lv)), "--max-queued", str(max(lv)), *a.server_arg, *extra]
+            server_args = ["--max-running", str(max(lv)), "--max-queued", str(max(lv)),
+                           *(["--ignore-end"] if a.fixed_frames else []), *a.server_arg, *extra]
             with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health, startup_s):
                 meta.setdefault("health", health)
                 meta[f"{name}_startup_s"] = round(startup_s, 2)

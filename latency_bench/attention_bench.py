@@ -15,20 +15,10 @@ choice against the best bf16 one: the ratio to beat is 1 / 0.56.
 With `--shared-prefix N` it times instead the default launch (launch_choice) of both
 caches with every stream reading its first N positions from its own row against from
 one row of the batch (kernels/decode_attention.py, shared voice prefixes: N = 340 is the
-load benchmark's voice prompt), the same call's ratio:
-
-    python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340
-
-With `--cascade` too it also times the cascade (kernels/cascade_attention.py: each
-voice's prefix attended once per block of its streams, their query rows in one dot), in
-the same run, and prints each kind's ratio to own rows; `--voices V` splits the batch
+load benchmark's voice prompt), the same call's ratio; `--voices V` splits the batch
 into V voices (stream i speaks voice i mod V):
 
-    python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340 --cascade --voices 2
-
-`--cascade-splits 128,256` times the cascade again with its own part (each stream's
-positions past the prompt) in those split sizes: measured on an H100 (2026-12-06) with
-launch_choice's 512-position splits, the cascade was no faster than the shared reads.
+    python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340 --voices 2
 
 Each call reads a different layer's cache (enough copies to overflow L2), inside a CUDA graph.
 """
@@ -77,22 +67,15 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                    help="time own rows against N shared prefix positions instead of the sweep")
-    p.add_argument("--cascade", action="store_true", help="with --shared-prefix: time the cascade kernel too")
     p.add_argument("--voices", type=int, default=1, help="with --shared-prefix: voices the batch speaks")
-    p.add_argument("--cascade-splits", default="",
-                   help="with --cascade: also time the cascade with its own part (the positions past the prompt) "
-                        "in these split sizes, comma-separated (the rest of launch_choice's launch kept): "
-                        "cascade_own<S>")
     p.add_argument("--max-length", type=int, default=0,
                    help="with --shared-prefix: the split count's bound (default the context; the engine's is its "
                         "--max-len, 4096: the splits past each length cost a program each)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/attention_bench")
     a = p.parse_args(argv)
-    if (a.cascade or a.voices != 1) and not a.shared_prefix:
-        p.error("--cascade and --voices time shared voice prompts: they need --shared-prefix N")
-    if a.cascade_splits and not a.cascade:
-        p.error("--cascade-splits times the cascade: it needs --cascade")
+    if a.voices != 1 and not a.shared_prefix:
+        p.error("--voices times shared voice prompts: it needs --shared-prefix N")
     device = bench_device(a.smoke, "attention_bench")
     if device is None:
         return 2
@@ -146,23 +129,16 @@ def main(argv=None) -> int:
 
 def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> int:
     """The default launch of each cache kind, own rows against a prefix shared through the
-    first stream of each voice (and, with --cascade, against the cascade kernel)."""
-    from kernels.decode_attention import decode_attention, launch_choice
+    first stream of each voice."""
+    from kernels.decode_attention import decode_attention
 
     batch, context = q.shape[0], int(lengths[0])
     n, voices = min(a.shared_prefix, context), max(1, min(a.voices, batch))
     max_length = max(a.max_length, context)
     prefix_rows, prefix_lens = slots % voices, torch.full_like(lengths, n)  # stream i: voice i mod V, led by stream i mod V
     kinds = {"own": {}, "shared": {"prefix_rows": prefix_rows, "prefix_lens": prefix_lens}}
-    if a.cascade:
-        kinds["cascade"] = {**kinds["shared"], "cascade": True}
-    own_splits = [int(x) for x in a.cascade_splits.split(",") if x] if a.cascade else []
     rows, t0 = [], time.perf_counter()
     for fp8 in (False, True):
-        base = launch_choice(batch, kv_heads, fp8)
-        for split in own_splits:  # the cascade's own part in shorter splits (its longest program is shorter)
-            kinds[f"cascade_own{split}"] = {**kinds["cascade"], "split": split, "block": min(base.block, split),
-                                            "num_warps": base.num_warps, "num_stages": base.num_stages}
         one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
         for cache in one:  # each stream holds its voice's prefix, as one voice's streams do
             cache[:batch, :n] = cache[prefix_rows, :n]
@@ -170,32 +146,19 @@ def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> in
         outs = {name: decode_attention(q, *one, slots, lengths, max_length=max_length, **extra)
                 for name, extra in kinds.items()}
         assert torch.equal(outs["own"], outs["shared"]), "shared prefix reads changed the output"
-        for name in (k for k in outs if k.startswith("cascade")):  # other split boundaries: within bf16 rounding
-            err = ((outs[name].float() - outs["own"].float()).norm() / outs["own"].float().norm()).item()
-            assert err < 2e-2, f"the {name} output is off by {err:.3g}"
         times = {name: timer.us_per_call([lambda c=c, extra=extra: decode_attention(
             q, *c, slots, lengths, max_length=max_length, **extra) for c in caches]) for name, extra in kinds.items()}
         unique = nbytes * (1 - n / context * (batch - voices) / batch)  # bytes left once each prefix is read once
         row = {"fp8": fp8, "voices": voices, "bytes": nbytes, "bytes_without_copies": unique}
         row |= {f"{name}_us": us for name, us in times.items()}
         row |= {"speedup": times["own"] / times["shared"]}
-        if a.cascade:
-            row |= {"cascade_speedup": times["own"] / times["cascade"],
-                    "cascade_vs_shared": times["shared"] / times["cascade"]}
         rows.append(row)
-        cascade = (f", cascade {times['cascade']:.1f} us: {row['cascade_speedup']:.2f}x "
-                   f"({row['cascade_vs_shared']:.2f}x shared)") if a.cascade else ""
-        for split in own_splits:
-            us = times[f"cascade_own{split}"]
-            row[f"cascade_own{split}_vs_shared"] = times["shared"] / us
-            cascade += f", own part in {split}-position splits {us:.1f} us ({times['shared'] / us:.2f}x shared)"
         print(f"{'fp8 ' if fp8 else 'bf16'} batch {batch} context {context} prefix {n} voices {voices}: own rows "
-              f"{times['own']:.1f} us, shared prefix {times['shared']:.1f} us: {row['speedup']:.2f}x{cascade} "
+              f"{times['own']:.1f} us, shared prefix {times['shared']:.1f} us: {row['speedup']:.2f}x "
               f"(bytes alone would allow {nbytes / unique:.2f}x)", flush=True)
         del caches, one
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
                "batch": batch, "context": context, "max_length": max_length, "shared_prefix": n, "voices": voices,
-               "cascade": a.cascade,
                "smoke": a.smoke, "seconds": time.perf_counter() - t0, "rows": rows}
     write_json(Path(a.out) / "attention_shared_prefix.json", results)
     return 0

@@ -4,8 +4,9 @@ through scaled_dot_product_attention), at the decode shape.
 
 A decode step at the S2-Pro shape calls it 39-40 times (4 fast layers x 9-10 codebook
 steps); in the step profile at batch 54 it took 8.4 us a call, 0.33 ms of an 8.5 ms FP8
-step on an H100 (latency_bench/reference/h100-s2pro/tma-adopt/profile-fp8-b54-ctx800.json),
-for a few KiB of keys and values a program: its time is load latency and launch, not bytes.
+step on an H100 (2026-12-06; RESULTS.md, "The FP8 GEMM table re-tuned with the TMA
+kernel"), for a few KiB of keys and values a program: its time is load latency and launch,
+not bytes.
 This times each (batch, codebook step, warps) inside a CUDA graph of back-to-back calls
 (the fast KV cache is written just before in a real step, so it is read from L2 here as
 there) and reports us a call and the ratio to PyTorch's.

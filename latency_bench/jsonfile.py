@@ -1,6 +1,6 @@
 """Result files: JSON with NaN (a measurement that has no data) written as null.
 
-Its own module so that the GPU-side benchmarks (engine_bench, kernel_bench, kernel_sweep)
+Its own module so that the GPU-side benchmarks (engine_bench, kernel_bench, profile_step)
 import neither the load generator nor its WebSocket packages, which the GPU machine's
 image lacks unless the wheels travel (scripts/gpu_check.sh).
 """

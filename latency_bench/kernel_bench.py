@@ -5,11 +5,10 @@ M = 1..128: the block-scaled FP8 GEMM (kernels/fp8_gemm.py) on pre-quantized act
 the same on bf16 activations as FP8Linear runs it (`fp8_linear`), cuBLAS's GEMM with the
 same block scales, cuBLAS FP8 (`torch._scaled_mm`, per-tensor scales, pre-quantized) and
 cuBLAS bf16 (`matmul`); then the whole MLP block at M = 1 (`--mlp-m` for more)
-(2560 -> 2 x 9728 -> 2560): the engine's two launches, the SwiGLU in the gate/up GEMM's
-epilogue, both GEMMs in one persistent launch (kernels/fp8_mlp.py), cuBLAS FP8 and bf16. Prints a table, writes <out>/kernel_bench.json.
+(2560 -> 2 x 9728 -> 2560): the engine's FP8 block, cuBLAS FP8 and bf16. Prints a table,
+writes <out>/kernel_bench.json.
 
     python -m latency_bench.kernel_bench --out out/kernel_bench                  # the table (H200)
-    python -m latency_bench.kernel_sweep --out out/sweep                        # the tile sweep (its own module)
     python -m latency_bench.kernel_bench --smoke                                  # CPU: checks the script
 
 Timing: every candidate runs inside one CUDA graph over enough distinct weight copies to
@@ -59,7 +58,7 @@ SHAPES = [
 SMOKE_SHAPES = [Shape("wqkv", 256, 384), Shape("w2", 300, 200)]
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 MLP = (2560, 9728)  # Qwen3-4B / S2-Pro: dim, hidden
-SMOKE_MLP = (256, 384)  # hidden a multiple of 128: the SwiGLU-epilogue MLP runs too
+SMOKE_MLP = (256, 384)  # hidden a multiple of 128 (the FP8 block's weight groups)
 
 
 def floors(m: int, k: int, n: int) -> dict:
@@ -175,14 +174,12 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
 
     dev, (d, h) = timer.device, dims
     copies = copies_for(3 * d * h, smoke)
-    bf16, fp8, fused, scaled = [], [], [], []
+    bf16, fp8, scaled = [], [], []
     for _ in range(copies):
         with torch.device(dev):
             ff = FeedForward(d, h).to(torch.bfloat16)
         bf16.append(ff)
         fp8.append(FP8FeedForward.from_feed_forward(ff))
-        # the SwiGLU in the gate/up GEMM's epilogue (quant "fp8-swiglu-epilogue"): two launches
-        fused.append(FP8FeedForward.from_feed_forward(ff, swiglu_epilogue=True))
         w13 = torch.cat([ff.w1.weight, ff.w3.weight]).to(torch.float8_e4m3fn)
         scaled.append((w13, ff.w2.weight.to(torch.float8_e4m3fn)))
     x = torch.randn(m, d, device=dev).bfloat16()
@@ -194,16 +191,9 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
         hq = (F.silu(gu[:, :h]) * gu[:, h:]).to(torch.float8_e4m3fn)
         return torch._scaled_mm(hq, w2.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
-    from kernels.fp8_mlp import fp8_mlp
-
-    def one_launch(f):  # the SwiGLU-epilogue block's weights (w13 interleaved), both GEMMs in one launch
-        return fp8_mlp(x, f.w13.weight_q, f.w13.weight_scale, f.w2.weight_q, f.w2.weight_scale)
-
     with torch.inference_mode():
         t = {
             "fp8": timer.us_per_call([lambda f=f: f(x) for f in fp8]),
-            "fp8_swiglu_epilogue": timer.us_per_call([lambda f=f: f(x) for f in fused]),
-            "fp8_one_launch": timer.us_per_call([lambda f=f: one_launch(f) for f in fused]),
             "scaled_mm": timer.us_per_call([lambda w=w: cublas_fp8(*w) for w in scaled]),
             "bf16": timer.us_per_call([lambda f=f: f(x) for f in bf16]),
         }
@@ -213,8 +203,6 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
             # as the engine's single-stream graph launches it (engine/runner.py PDL_BATCHES)
             with pdl.launching(True):
                 t["fp8_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fp8])
-                t["fp8_swiglu_epilogue_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fused])
-                t["fp8_one_launch_pdl"] = timer.us_per_call([lambda f=f: one_launch(f) for f in fused])
     fl = floors(m, d, 2 * h)
     fl2 = floors(m, h, d)
     floor_us = fl["floor_us"] + fl2["floor_us"]
@@ -314,9 +302,7 @@ def main(argv=None) -> int:
                 return f", with PDL {t[key]:.1f} us" if key in t else ""
             target = " (target <= 26" if m == 1 else " ("
             print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M={m}: fp8 {t['fp8']:.1f} us{pdl('fp8_pdl')}"
-                  f"{target}{', ' if m == 1 else ''}floor {mlp['floor_us']:.1f}); SwiGLU in the gate/up GEMM "
-                  f"{t['fp8_swiglu_epilogue']:.1f} us{pdl('fp8_swiglu_epilogue_pdl')}; one launch "
-                  f"{t['fp8_one_launch']:.1f} us{pdl('fp8_one_launch_pdl')} ({t['fp8'] / t['fp8_one_launch']:.2f}x); "
+                  f"{target}{', ' if m == 1 else ''}floor {mlp['floor_us']:.1f}); "
                   f"cuBLAS FP8 {t['scaled_mm']:.1f} us, bf16 {t['bf16']:.1f} us")
     write_json(out / "kernel_bench.json", results)
     print(f"wrote {out / 'kernel_bench.json'}")

@@ -2,7 +2,7 @@
 
 On an H200 the frame step of the `s2-pro` shape is launch-bound: its GEMMs take ~5 ms and
 the ~3,900 small kernels around them (norms, RoPE, casts, sampling) ~5 ms more
-(latency_bench/reference/h200-s2pro/profile-first-kernel.json: 3,996 kernels a step). Each
+(a profile of the step at `75f8c4a`: 3,996 kernels a step). Each
 dispatched non-view ATen operation of the eager step is one kernel launch on a GPU (a CUDA
 graph replays the same launches), so their count can be read on any machine, in seconds,
 without weights that matter: the model keeps the preset's structure (layers, heads per
@@ -143,7 +143,7 @@ TRITON_LAUNCHERS = {
 # a launcher makes depends on its launch choice (a split-K sum in a second launch, a
 # quantize launch first)
 FP8_KERNELS = ("_fp8_gemm_kernel", "_fp8_gemm_tma_kernel", "_splitk_reduce_kernel", "_splitk_reduce_swiglu_kernel",
-               "_quant_act_kernel", "_swiglu_quant_kernel", "_fp8_mlp_kernel")
+               "_quant_act_kernel", "_swiglu_quant_kernel")
 
 
 @contextmanager

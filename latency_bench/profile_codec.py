@@ -2,10 +2,9 @@
 
 Two parts, for the model's codec (random weights for a preset):
 - the codec worker's calls as the service makes them (CUDA graphs, pinned copies), per
-  batch bucket and chunk, in three variants in the same run: PyTorch only, the Snake
-  kernel (kernels/snake.py), and the Snake kernel plus the conv-state kernels
-  (kernels/conv_state.py, the service's default): host time of a call, to the PCM on
-  the host;
+  batch bucket and chunk, with the codec's kernels (kernels/snake.py, kernels/conv_state.py:
+  the service's default) and with PyTorch only (the baseline, same run): host time of a
+  call, to the PCM on the host;
 - one eager streaming-decode call under torch.profiler, kernels grouped by name and
   sorted by GPU time (graphs hide their kernels from the profiler).
 
@@ -35,8 +34,7 @@ from latency_bench.profile_step import gpu_kernels, print_kernels
 
 VARIANTS = {  # name -> (snake_kernel, state_kernels)
     "pytorch": (False, False),
-    "snake": (True, False),
-    "snake+state": (True, True),
+    "kernels": (True, True),
 }
 
 

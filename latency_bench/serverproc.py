@@ -1,4 +1,8 @@
-"""Starting the service as a subprocess for a benchmark, and stopping it afterwards."""
+"""Starting the service as a subprocess for a benchmark, and stopping it afterwards.
+
+It runs as `python -m latency_bench.server`: the service with every `python -m realtime`
+option plus the benchmark's baselines (`--naive`, `--ignore-end`, ...), which the product's
+command line does not have."""
 
 from __future__ import annotations
 
@@ -21,11 +25,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def service(model: str, device: str, extra: list[str], log_path: Path, startup_timeout_s: float = 900.0):
-    """Yields (ws_url, http_url, health, startup_s) of a freshly started `python -m realtime`;
+    """Yields (ws_url, http_url, health, startup_s) of a freshly started service;
     startup_s is the wall time from the process's launch to its first healthy answer (model
     load, kernel self-checks, graph capture and warm-up: what a restart costs a deployment)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "realtime", "--port", str(port), "--model", model, "--device", device,
+    cmd = [sys.executable, "-m", "latency_bench.server", "--port", str(port), "--model", model, "--device", device,
            "--voices-dir", str(log_path.parent / f"voices-{port}"), "--no-demo", *extra]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")

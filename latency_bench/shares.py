@@ -80,7 +80,6 @@ def level_shares(before: dict[str, float], after: dict[str, float], wall_s: floa
         "codec_busy": busy("codec"),
         "codec_gpu_share": d.get("codec_gpu_seconds", 0.0) / wall_s,
         "codec_calls": int(calls),
-        "codec_cuts": int(d.get("codec_cuts", 0.0)),  # rounds cut short (EngineConfig.codec_cut_in)
         "codec_frames_per_call": d.get("codec_frames", 0.0) / calls if calls else 0.0,
         # of the frames the codec's calls computed, the share that was padding rows
         "codec_padding": d.get("codec_padded_frames", 0.0) / computed if computed else 0.0,

@@ -100,15 +100,39 @@ def test_gate_takes_the_median_of_a_repeated_level():
     assert compare(ref, three) == []
 
 
-def test_frozen_reference_is_well_formed():
+def test_side_by_side_gives_current_over_base_per_level():
+    """latency_bench.ab: the acceptance run's table, a repeated level by its median."""
+    from latency_bench.ab import side_by_side
+
+    def run(levels):
+        return {"runs": {"engine": [{"concurrency": c, "frames_per_s": f, "ttfa_s": {"p50": p50, "p99": p99}}
+                                    for c, f, p50, p99 in levels]}}
+
+    base = run([(1, 100.0, 0.020, 0.030), (64, 4000.0, 0.060, 0.100)])
+    current = run([(1, 110.0, 0.020, 0.030), (64, 3000.0, 0.090, 0.400), (64, 4400.0, 0.066, 0.110),
+                   (64, 5000.0, 0.050, 0.090)])
+    rows = {tuple(line.split()[:3]): line.split()[-1] for line in side_by_side(base, current).splitlines()[1:-1]}
+    assert rows[("1", "frames/s", "100.0")] == "1.10x"
+    assert rows[("64", "frames/s", "4000.0")] == "1.10x"  # the median of three runs: 4,400
+    assert rows[("64", "TTFA", "p50")] == "1.10x" and rows[("64", "TTFA", "p99")] == "1.10x"
+
+
+@pytest.mark.parametrize("card", ["cpu-tiny", "h100-s2pro", "h200-s2pro"])
+def test_frozen_reference_is_well_formed(card):
+    """Each card's frozen load references pass their own gate, and meta.json says which
+    card, day, commit and command made every one of them."""
     from pathlib import Path
 
-    folder = Path(__file__).parent.parent / "latency_bench" / "reference" / "h200-s2pro"
-    load = json.loads((folder / "load.json").read_text())
-    assert {1, 16, 64} <= {lv["concurrency"] for lv in load["runs"]["engine"]}  # the issue's levels
-    assert compare(load, copy.deepcopy(load)) == []  # the reference passes its own gate
+    folder = Path(__file__).parent.parent / "latency_bench" / "reference" / card
     meta = json.loads((folder / "meta.json").read_text())
-    assert meta["gpu"].startswith("NVIDIA H200") and meta["commit"]
+    assert meta["card"] and meta["date"].startswith("2026-") and meta["commit"]
+    files = sorted(p.name for p in folder.glob("load*.json"))
+    assert files and sorted(meta["command"]) == files
+    for name in files:
+        load = json.loads((folder / name).read_text())
+        if card != "cpu-tiny":
+            assert {1, 16, 64} <= {lv["concurrency"] for lv in load["runs"]["engine"]}  # the issue's levels
+        assert compare(load, copy.deepcopy(load)) == []  # a reference passes its own gate
 
 
 @pytest.mark.slow
@@ -150,11 +174,22 @@ def test_gpu_side_benchmarks_need_no_service_packages():
 
     code = ("import sys\n"
             "for m in ('websockets', 'starlette', 'uvicorn', 'msgpack', 'av'): sys.modules[m] = None\n"
-            "import latency_bench.engine_bench, latency_bench.kernel_bench, latency_bench.kernel_sweep\n"
-            "import latency_bench.profile_step, latency_bench.profile_codec, latency_bench.first_replay\n"
+            "import latency_bench.engine_bench, latency_bench.kernel_bench, latency_bench.attention_bench\n"
+            "import latency_bench.profile_step, latency_bench.profile_codec, latency_bench.launch_count\n"
             "import latency_bench.gate, latency_bench.report\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_kernel_table_smoke_writes_the_gemms_and_the_mlp_block(tmp_path):
+    """latency_bench.kernel_bench --smoke (interpreter): each FP8 GEMM row and the MLP
+    block are timed against cuBLAS's baselines and written (the GPU's `kernels` part)."""
+    from latency_bench.kernel_bench import main
+
+    assert main(["--smoke", "--m", "1", "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "kernel_bench.json").read_text())
+    assert table["rows"] and all(r["us"]["fp8"] > 0 for r in table["rows"])
+    assert table["mlp"]["us"]["fp8"] > 0 and table["mlp"]["us"]["bf16"] > 0
 
 
 def test_engine_shares_from_two_scrapes_of_metrics():
@@ -203,29 +238,10 @@ def test_codec_flops_a_frame_do_not_depend_on_the_call_shape():
     assert abs(sum(four["by_op"].values()) - four["total"]) <= 1e-6 * four["total"]
 
 
-def test_codec_policy_model_orders_the_policies(capsys):
-    """latency_bench.codec_policy_model runs the worker's real policy code on a modeled
-    GPU: steps of 8 rows pad less than powers of two with the same calls, a shared
-    release makes fewer and fuller calls, and the table prints every policy."""
-    from engine.bundle import load_bundle
-    from latency_bench.codec_policy_model import POLICIES, Workload, main, model
-
-    codec = load_bundle("tiny", "cpu", torch.float32).codec
-    work = Workload(seconds=4.0)
-    default, step8 = model(codec, work), model(codec, work, bucket_step=8)
-    released = model(codec, work, release_interval_s=0.05)
-    assert default["calls"] == step8["calls"] > 0 and step8["padding"] < default["padding"]
-    assert released["calls"] < default["calls"] and released["frames_per_call"] > default["frames_per_call"]
-    assert step8["codec_ms_per_frame"] < default["codec_ms_per_frame"]
-    assert main(["--seconds", "1", "--streams", "8"]) == 0
-    table = capsys.readouterr().out
-    assert all(name in table for name in POLICIES)
-
-
 def test_engine_bench_shared_prefix_gives_every_stream_one_voice_prompt():
     """engine_bench --shared-prefix N: each decode stream's first N positions are one
     voice's prompt, copied in as the service copies a cached voice, so the runner's
-    shared reads (and the cascade) point every stream at one row; without it, none."""
+    shared reads point every stream at one row; without it, none."""
     from engine.bundle import load_bundle
     from engine.runner import Runner
     from latency_bench.engine_bench import prepare_batch
