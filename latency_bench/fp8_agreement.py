@@ -21,7 +21,7 @@ Two diagnoses of where a difference comes from:
   layout first (a checkpoint shipped on the FP8 grid), so FP8 differs from it by the
   activations' quantization alone (default voice, CPU, 2026-12-05: 6/16 inputs, semantic
   tokens 13/16, head logits still 0.013-0.021 off: the activations alone break the gate);
-The sampling heads' logits are fp32 (engine/small_batch.py head_logits) since
+The sampling heads' logits are fp32 (engine/linear.py head_logits) since
 2026-12-04; before, they were rounded to bf16, and on the default voice the gate's input
 broke at an exact bf16 tie (frame 1's first residual draw; `--margins` below). With the
 fast head's logits in fp32 (then a diagnosis, `--fp32-fast-logits`) that input kept all 5

@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time every launch choice first; print the TUNED table")
     p.add_argument("--m", default=",".join(map(str, SWEEP_MS)), help="batch sizes of the comparison")
     p.add_argument("--sweep-m", default="1", help="batch sizes the sweep sums its times over (the engine "
-                   "routes single rows: engine/small_batch.py)")
+                   "routes single rows: engine/linear.py)")
     p.add_argument("--kinds", default="bf16,fp8")
     p.add_argument("--jobs", type=int, default=14, help="compile processes for --sweep")
     p.add_argument("--replays", type=int, default=10)

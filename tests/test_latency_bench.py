@@ -247,14 +247,15 @@ def test_engine_bench_shared_prefix_gives_every_stream_one_voice_prompt():
     from latency_bench.engine_bench import prepare_batch
 
     runner = Runner(load_bundle("tiny", "cpu", torch.float32), 4, 256)
-    runner.kv.k[:, 0, :40].normal_()
+    st = runner.state
+    st.kv.k[:, 0, :40].normal_()
     prepare_batch(runner, 3, 100, shared_prefix=40)
-    held = [runner.slot_prefix[s] for s in range(3)]
+    held = [st.slot_prefix[s] for s in range(3)]
     assert held[0] is not None and held[0][1] == 40 and held.count(held[0]) == 3
-    assert all(torch.equal(runner.kv.k[:, s, :40], runner.kv.k[:, 0, :40]) for s in (1, 2))
-    plain = Runner(runner.bundle, 4, 256)
+    assert all(torch.equal(st.kv.k[:, s, :40], st.kv.k[:, 0, :40]) for s in (1, 2))
+    plain = Runner(st.bundle, 4, 256)
     prepare_batch(plain, 3, 100)
-    assert plain.slot_prefix[:3] == [None, None, None]
+    assert plain.state.slot_prefix[:3] == [None, None, None]
 
 
 def test_results_name_the_commit_and_say_when_the_tree_differs_from_it(tmp_path):
