@@ -333,6 +333,33 @@ def test_streaming_rejects_bad_shapes(small_codec):
         stream.decode(torch.tensor([0, 1]), torch.zeros(1, 4, 2, dtype=torch.long))
 
 
+def test_streaming_decode_with_the_kernels_matches_without(small_codec):
+    """kernels=True (every codec Triton kernel: Snake folded into the convs, conv state,
+    attention over the rings, time-major activations; the interpreter on a CPU) against
+    kernels=False (the PyTorch path): chunks of several sizes, a stream joining late, one
+    reset midway, rings wrapped (a window of 4 frames); every call's audio the same."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    codec = small_codec.to(device)
+    tf32 = torch.backends.cudnn.allow_tf32  # cuDNN's NHWC and NCHW algorithms differ under TF32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        plain, fused = StreamingDecoder(codec, 3, kernels=False), StreamingDecoder(codec, 3, kernels=True)
+        gen = torch.Generator().manual_seed(1)
+        for call in [([0, 1], 1), ([1, 0], 3), ([2], 2), ([0, 2, 1], 1), ("reset", 1), ([1, 2], 4)]:
+            if call[0] == "reset":
+                plain.reset(call[1]), fused.reset(call[1])
+                continue
+            slots, n = torch.tensor(call[0], device=device), call[1]
+            codes = torch.randint(0, 256, (len(call[0]), codec.num_codebooks, n), generator=gen).to(device)
+            want, got = plain.decode(slots, codes), fused.decode(slots, codes)
+            assert got.shape == want.shape == (len(call[0]), n * codec.hop_length)
+            assert relative_error(got, want) < 1e-5, call
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+        small_codec.to("cpu")
+    assert StreamingDecoder(small_codec, 1).kernels is False  # None: the PyTorch path off a GPU
+
+
 # -- presets and shapes -------------------------------------------------------------------
 
 

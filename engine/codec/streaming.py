@@ -75,36 +75,26 @@ class StreamingDecoder:
     """Decodes up to `max_streams` streams, each in its own slot. Build it after the codec
     is on its final device and dtype: the state is allocated to match, once."""
 
-    def __init__(self, codec: Codec, max_streams: int, snake_kernel: bool | None = None,
-                 state_kernels: bool | None = None) -> None:
-        """`snake_kernel`: Snake as one Triton pass (kernels/snake.py); `state_kernels`: each
-        conv's per-slot state read and written in the pass that builds its input or
-        finishes its output, a Snake before a causal conv folded in (kernels/conv_state.py),
-        the transformer's attention over its rings (kernels/ring_attention.py), the
-        residual units' conv biases added in the passes after their convs (kernels/snake.py,
-        kernels/residual.py), and the activations time-major, each conv run on their NHWC
-        view with a channels-last copy of its weight (kernels/layout.py; the copies are
-        the decoder's conv weights once more, 111 MiB for the release-size codec in bf16).
-        None: on a GPU, once every kernel has matched its reference there."""
+    def __init__(self, codec: Codec, max_streams: int, kernels: bool | None = None) -> None:
+        """`kernels`: the Triton path: Snake in one pass (kernels/snake.py), each conv's
+        per-slot state read and written in the pass that builds its input or finishes its
+        output, a Snake before a causal conv folded in (kernels/conv_state.py), attention
+        over the rings (kernels/ring_attention.py), the residual units' conv biases added in
+        the passes after their convs (kernels/residual.py), and the activations time-major,
+        each conv run on their NHWC view with a channels-last copy of its weight
+        (kernels/layout.py; the decoder's conv weights once more, 111 MiB for the
+        release-size codec in bf16). None: on a GPU, once every one of these kernels has
+        matched its reference there; False: the PyTorch path."""
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         weight = codec.decoder.model[0].conv.weight
         self.codec = codec
         self.max_streams = max_streams
         self.device, self.dtype = weight.device, weight.dtype
-        checked: dict[str, bool] = {}  # each kernel's self-check runs once
-
-        def ok(name: str) -> bool:
-            if name not in checked:
-                checked[name] = self.device.type == "cuda" and _kernel_ok(name, self.device, self.dtype)
-            return checked[name]
-
-        if snake_kernel is None:
-            snake_kernel = ok("snake")
-        if state_kernels is None:
-            state_kernels = all(ok(name) for name in ("snake", "conv_state", "ring_attention", "residual"))
-        self.snake_kernel = snake_kernel
-        self.state_kernels = state_kernels
+        if kernels is None:
+            kernels = self.device.type == "cuda" and all(
+                _kernel_ok(name, self.device, self.dtype) for name in ("snake", "conv_state", "ring_attention", "residual"))
+        self.kernels = kernels
         self._state: list[Tensor] = []  # every per-slot tensor, for reset and accounting
         self.pos = self._new(dtype=torch.long)
         self._post = codec.quantizer.post_module
@@ -187,7 +177,7 @@ class StreamingDecoder:
     def _transformer(self, x: Tensor, slots: Tensor) -> Tensor:
         # x: [B, C, n] -> [B, C, n]
         n, W = x.shape[-1], self._post.window
-        if self.state_kernels:  # one launch a layer: attention over the ring, and its update
+        if self.kernels:  # one launch a layer: attention over the ring, and its update
             from kernels.ring_attention import ring_attention
 
             start = self.pos[slots]
@@ -231,7 +221,7 @@ class StreamingDecoder:
             steps, layers = [], list(module)
             while layers:
                 layer = layers.pop(0)
-                if (self.state_kernels and isinstance(layer, Snake1d) and layers
+                if (self.kernels and isinstance(layer, Snake1d) and layers
                         and isinstance(layers[0], CausalConv1d) and layers[0].receptive > 1):
                     steps.append(self._conv_step(layers.pop(0), snake=layer))  # one pass for both
                 else:
@@ -244,7 +234,7 @@ class StreamingDecoder:
 
             return sequence
         if isinstance(module, ResidualUnit):
-            if self.state_kernels:
+            if self.kernels:
                 return self._residual_step(module)
             inner = self._compile(module.block)
             return lambda x, slots: x + inner(x, slots)
@@ -259,7 +249,7 @@ class StreamingDecoder:
             return self._transposed_step(module)
         if isinstance(module, SpectralHead):
             return self._spectral_step(module)
-        if isinstance(module, Snake1d) and self.snake_kernel:  # pointwise: no state
+        if isinstance(module, Snake1d) and self.kernels:  # pointwise: no state
             from kernels.snake import snake
 
             alpha = module.alpha.view(-1)
@@ -295,18 +285,17 @@ class StreamingDecoder:
 
     def _conv_step(self, layer: CausalConv1d, snake: Snake1d | None = None, bias: bool = True) -> Step:
         """The conv's step; `snake`: the Snake1d before it, applied on the way in; `bias`
-        False: the conv's bias is left for the next pass to add (both only with the state
-        kernels)."""
+        False: the conv's bias is left for the next pass to add (both only with the kernels)."""
         if layer.stride != 1:
             raise TypeError("strided convs are not on the decode path")
         conv, ctx = layer.conv, layer.receptive - 1
         if ctx == 0:
-            if self.state_kernels:
+            if self.kernels:
                 nhwc = self._nhwc(conv, bias)
                 return lambda x, slots: nhwc(x)
             return lambda x, slots: conv(x)
         history = self._new(conv.in_channels, ctx)  # [S, C_in, ctx], after the Snake if any
-        if self.state_kernels:
+        if self.kernels:
             from kernels.conv_state import conv_input
 
             alpha = None if snake is None else snake.alpha.view(-1)
@@ -357,12 +346,12 @@ class StreamingDecoder:
     def _transposed_step(self, layer: CausalConvTranspose1d) -> Step:
         conv, stride, overlap = layer.conv, layer.stride, layer.overlap
         if overlap == 0:
-            if self.state_kernels:
+            if self.kernels:
                 nhwc = self._nhwc(conv)
                 return lambda x, slots: nhwc(x)
             return lambda x, slots: conv(x)
         tail = self._new(conv.out_channels, overlap)  # [S, C_out, overlap], bias-free
-        if self.state_kernels:
+        if self.kernels:
             from kernels.conv_state import transposed_output
 
             nhwc = self._nhwc(conv, bias=False)
