@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.codec_worker import BUSY_FIRST_FRAMES, CHUNKS, DEFAULT_BUSY_STREAMS, chunk_sizes  # MERGE: codec_pacing
+from engine.codec_pacing import BUSY_FIRST_FRAMES, CHUNKS, DEFAULT_BUSY_STREAMS, chunk_sizes
 from engine.kv_cache import KV_QUANTS
 
 

@@ -26,28 +26,26 @@ import torch
 
 from engine.bundle import load_bundle
 from engine.codec.streaming import StreamingDecoder
-from engine.codec_worker import CHUNKS, CodecWorker
+from engine.codec_pacing import CHUNKS
+from engine.codec_worker import CodecWorker
 from latency_bench.engine_bench import median_ms
 from latency_bench.jsonfile import write_json
 from latency_bench.profile_step import gpu_kernels, print_kernels
 
 
-VARIANTS = {  # name -> (snake_kernel, state_kernels)
-    "pytorch": (False, False),
-    "kernels": (True, True),
-}
+VARIANTS = {"pytorch": False, "kernels": True}  # name -> StreamingDecoder's kernels switch
 
 
 def worker_times(codec, batches: list[int], variant: str, repeats: int = 7) -> list[dict]:
-    snake_kernel, state_kernels = VARIANTS[variant]
-    worker = CodecWorker(codec, max(batches), snake_kernel=snake_kernel, state_kernels=state_kernels)
+    worker = CodecWorker(codec, max(batches), kernels=VARIANTS[variant])
     worker.warm_up()
+    calls = worker.codec_calls
     out = []
     with torch.inference_mode():
-        for b in (b for b in worker.buckets if b in batches):
+        for b in (b for b in calls.buckets if b in batches):
             for n in CHUNKS:
-                codes = np.random.default_rng(0).integers(0, 1000, (b, worker.num_codebooks, n))
-                ms = median_ms(lambda: worker._call(list(range(b)), codes), worker.device, repeats)
+                codes = np.random.default_rng(0).integers(0, 1000, (b, calls.num_codebooks, n))
+                ms = median_ms(lambda: calls.decode(list(range(b)), codes), calls.device, repeats)
                 out.append({"variant": variant, "batch": b, "frames": n, "ms": ms,
                             "frames_per_s": b * n / ms * 1000})
     return out
@@ -96,7 +94,7 @@ def flops_per_frame(codec, batch: int = 2, frames: int = 4) -> dict:
     full) divided by the frames it decodes: in total and by ATen op."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    dec = StreamingDecoder(codec, batch, snake_kernel=False, state_kernels=False)
+    dec = StreamingDecoder(codec, batch, kernels=False)
     codes = torch.randint(0, 1000, (batch, codec.num_codebooks, frames), device=dec.device)
     slots = torch.arange(batch, device=dec.device)
     counter = FlopCounterMode(display=False)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.bundle import QUANT_MODES
-from engine.codec_worker import CHUNK_CHOICES, CHUNKS  # MERGE: codec_pacing
+from engine.codec_pacing import CHUNK_CHOICES, CHUNKS
 from engine.kv_cache import KV_QUANTS
 from engine.settings import EngineConfig
 from realtime.protocol import Limits

@@ -232,7 +232,7 @@ def _heard(codec, max_chunk: int, **worker_args) -> dict[int, np.ndarray]:
     frames = {s: rng.integers(0, 64, (n, codec.num_codebooks)) for s, n in LENGTHS.items()}
     worker = CodecWorker(codec, 4, hold_lead_s=None, max_chunk=max_chunk, **worker_args)
     worker.warm_up()
-    assert bool(worker._graphs) == worker.cuda_graphs
+    assert bool(worker.codec_calls.graphs) == worker.codec_calls.cuda_graphs
     listeners = {s: _Listener() for s in frames}
     for s in frames:
         worker.reset(s)

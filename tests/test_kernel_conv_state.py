@@ -122,8 +122,8 @@ def test_streaming_decode_with_the_kernels_matches_without(decoder, window, no_t
         for m in codec.modules():
             if isinstance(m, Snake1d):
                 m.alpha.uniform_(0.2, 2.0)
-    plain = StreamingDecoder(codec, 3, snake_kernel=True, state_kernels=False)
-    fused = StreamingDecoder(codec, 3, snake_kernel=True, state_kernels=True)
+    plain = StreamingDecoder(codec, 3, kernels=False)
+    fused = StreamingDecoder(codec, 3, kernels=True)
     g = torch.Generator().manual_seed(1)
     calls = [([0, 1], 1), ([1, 0], 3), ([2], 2), ([0, 2, 1], 1), ("reset", 1), ([1, 2], 4)]
     for call in calls:
