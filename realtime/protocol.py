@@ -61,6 +61,10 @@ class ErrorCode(str, Enum):
 
 
 class ProtocolError(Exception):
+    """An error the client is told, with its code: a bad message, or a request the service
+    cannot serve (unknown voice, busy). Live sessions send it as `error` + `finish`; HTTP
+    endpoints answer with its status (realtime/errors.py)."""
+
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code

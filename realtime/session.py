@@ -40,12 +40,6 @@ class State(Enum):
     FINISHED = "finished"
 
 
-class SessionError(Exception):
-    def __init__(self, code: P.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
 class EngineSink:
     """Engine callbacks (worker threads) -> the session's event loop, through the loop's
     mailbox (realtime/mailbox.py: one wake-up for a burst of events of all sessions)."""
@@ -102,7 +96,7 @@ class LiveSession:
             await self._receive_loop()
         except WebSocketDisconnect:
             pass
-        except SessionError as e:
+        except P.ProtocolError as e:
             self._fail(e.code, e.message)
         except Exception as e:  # a bug must end this session only, never the server
             log.exception("session %s failed", self.id)
@@ -123,8 +117,8 @@ class LiveSession:
                 if self._busy():
                     continue
                 if self.state is State.AWAITING_START:
-                    raise SessionError(P.ErrorCode.TIMEOUT, f"no 'start' within {timeout:g} s of connecting") from None
-                raise SessionError(P.ErrorCode.TIMEOUT, f"no message for {timeout:g} s") from None
+                    raise P.ProtocolError(P.ErrorCode.TIMEOUT, f"no 'start' within {timeout:g} s of connecting") from None
+                raise P.ProtocolError(P.ErrorCode.TIMEOUT, f"no message for {timeout:g} s") from None
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
             if self._closing:
@@ -134,12 +128,8 @@ class LiveSession:
                 return
             data = message.get("bytes")
             if data is None:
-                raise SessionError(P.ErrorCode.BAD_MESSAGE, "frames must be binary MessagePack, got a text frame")
-            try:
-                event = P.parse_client_event(data, self.limits)
-            except P.ProtocolError as e:
-                raise SessionError(e.code, e.message) from None
-            self._handle(event)
+                raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, "frames must be binary MessagePack, got a text frame")
+            self._handle(P.parse_client_event(data, self.limits))
 
     def _receive_timeout(self) -> float:
         if self.state is State.AWAITING_START:
@@ -212,9 +202,9 @@ class LiveSession:
             self._start(event.request)
             return
         if self.state is State.AWAITING_START:
-            raise SessionError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' before 'start'")
+            raise P.ProtocolError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' before 'start'")
         if self.state is State.STOPPING:
-            raise SessionError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' after 'stop'")
+            raise P.ProtocolError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' after 'stop'")
         if isinstance(event, P.Text):
             self._text(event.text)
         elif isinstance(event, P.Flush):
@@ -228,8 +218,8 @@ class LiveSession:
 
     def _start(self, req: P.TTSRequest) -> None:
         if self.state is not State.AWAITING_START:
-            raise SessionError(P.ErrorCode.OUT_OF_ORDER, "'start' was already received")
-        voice = self.svc.resolve_voice(req)  # raises SessionError(UNKNOWN_VOICE)
+            raise P.ProtocolError(P.ErrorCode.OUT_OF_ORDER, "'start' was already received")
+        voice = self.svc.resolve_voice(req)  # raises ProtocolError(UNKNOWN_VOICE)
         try:
             self.encoder = AudioEncoder(
                 req.format, req.output_rate, self.svc.engine.sample_rate, req.mp3_bitrate, req.opus_bitrate,
@@ -237,22 +227,22 @@ class LiveSession:
                 volume_db=req.prosody.volume if req.prosody else 0.0,
             )
         except ValueError as e:
-            raise SessionError(P.ErrorCode.INVALID_FIELD, str(e)) from None
+            raise P.ProtocolError(P.ErrorCode.INVALID_FIELD, str(e)) from None
         self.segmenter = TextSegmenter(req.chunk_length, min(req.min_chunk_length, req.chunk_length), req.latency)
         self.request = req
         try:
             self.handle = self.svc.engine.open(voice, self.svc.stream_params(req), EngineSink(self, self.svc.mailbox()))
         except Refused as e:
-            raise SessionError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+            raise P.ProtocolError(P.ErrorCode.BUSY, f"server busy: {e}") from None
         except EngineFailed as e:
-            raise SessionError(P.ErrorCode.INTERNAL, str(e)) from None
+            raise P.ProtocolError(P.ErrorCode.INTERNAL, str(e)) from None
         self.state = State.PREPARING
         if req.text:
             self._text(req.text)
 
     def _text(self, text: str) -> None:
         if self.segmenter.buffered_chars + self.pending_chars + len(text) > self.limits.max_buffered_chars:
-            raise SessionError(P.ErrorCode.TOO_LARGE, f"more than {self.limits.max_buffered_chars} characters are waiting to be spoken")
+            raise P.ProtocolError(P.ErrorCode.TOO_LARGE, f"more than {self.limits.max_buffered_chars} characters are waiting to be spoken")
         self._say(self.segmenter.push(text))
 
     def _say(self, segments: list[str]) -> None:
