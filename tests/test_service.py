@@ -6,7 +6,13 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import time
+import zipfile
+from pathlib import Path
 
 import av
 import httpx
@@ -20,6 +26,7 @@ from engine.engine import EngineConfig
 from engine.audio import wav_bytes
 from server import running_server
 
+ROOT = Path(__file__).resolve().parent.parent
 HOP, RATE = 2048, 44100
 FRAMES = 12  # max_new_tokens in most tests
 
@@ -679,3 +686,43 @@ def test_a_stopped_engine_thread_fails_streams_and_health_loudly(tmp_path, threa
         r = httpx.post(s.http_url + "/v1/tts", content=msgpack.packb({"text": "Hi.", "format": "pcm"}),
                        headers={"content-type": "application/msgpack"})
         assert r.status_code == 500 and "restart the service" in r.json()["message"]
+
+
+# --- the demo page ---------------------------------------------------------------------------
+
+def test_the_demo_page_is_served(srv):
+    page = httpx.get(srv.http_url + "/")
+    assert page.status_code == 200 and "static/app.js" in page.text
+    assert httpx.get(srv.http_url + "/static/app.js").status_code == 200
+
+
+def test_a_missing_demo_page_stops_the_start_up(tmp_path):
+    from realtime.demo import demo_routes
+
+    with pytest.raises(RuntimeError, match="demo page .* is missing"):
+        demo_routes(tmp_path)  # a `clients` installed without its web files
+
+
+def test_an_installed_wheel_serves_the_demo_page(tmp_path):
+    """The page is package data of `clients`: the wheel carries it, and the service finds
+    it in the installed package (before: read from the source tree, so an installed wheel
+    served no demo, silently). Built from a copy without the 38 MB of model assets: the
+    wheel's names are what count."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for package in ("engine", "kernels", "realtime", "clients", "latency_bench"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src], check=True)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    web = sorted(f"clients/web/{p.name}" for p in (ROOT / "clients" / "web").iterdir())
+    assert set(web) <= set(zipfile.ZipFile(wheel).namelist()), web
+
+    subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", tmp_path / "site", wheel], check=True)
+    found = subprocess.run(  # outside the checkout: only the installed copy is on the path
+        [sys.executable, "-c", "from realtime.demo import demo_routes, web_dir; demo_routes(web_dir()); print(web_dir())"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert Path(found) == tmp_path / "site" / "clients" / "web"
