@@ -517,6 +517,42 @@ def test_health_and_metrics(srv):
     assert int(count.split()[1]) >= 1
 
 
+def ttfa_histogram(url: str) -> tuple[int, float]:
+    """(count, sum in seconds) of /metrics' realtime_ttfa_seconds."""
+    lines = dict(line.split() for line in httpx.get(f"{url}/metrics").text.splitlines()
+                 if line.startswith("realtime_ttfa_seconds_"))
+    return int(lines["realtime_ttfa_seconds_count"]), float(lines["realtime_ttfa_seconds_sum"])
+
+
+def test_ttfa_runs_from_the_flush_to_the_first_non_empty_audio(srv):
+    """/metrics TTFA is DESIGN.md's and latency_bench's: from the flush that ends a turn's
+    first segment to the turn's first audio event with bytes in it, one sample a turn.
+    MP3 at 16 kHz holds the first chunks back (LAME's lookahead: the encoder returns no
+    bytes for them), so a clock stopped by the first engine chunk would read short of
+    the first audio event's gen_ms, which runs from the same flush."""
+    async def main():
+        async with websockets.connect(srv.ws_url, max_size=None) as ws:
+            request = {"format": "mp3", "sample_rate": 16000, "max_new_tokens": FRAMES}
+            await ws.send(msgpack.packb({"event": "start", "request": request}))
+            assert msgpack.unpackb(await ws.recv())["event"] == "ready"  # the voice is prefilled first
+            firsts = []
+            for text in ("First turn.", "Second turn."):
+                await ws.send(msgpack.packb({"event": "text", "text": text}))
+                await ws.send(msgpack.packb({"event": "flush"}))
+                audio = []
+                while (event := msgpack.unpackb(await ws.recv()))["event"] != "turn_end":
+                    audio += [event] if event["event"] == "audio" else []
+                assert len(audio) > 1 and all(e["audio"] for e in audio)
+                firsts.append(audio[0]["gen_ms"] / 1000)
+            return firsts
+
+    count0, sum0 = ttfa_histogram(srv.http_url)
+    firsts = run(main())
+    count, total = ttfa_histogram(srv.http_url)
+    assert count - count0 == 2  # one sample a turn, however many chunks it had
+    assert abs((total - sum0) - sum(firsts)) < 1e-4, (total - sum0, firsts)
+
+
 class _GoneClient:
     """A WebSocket whose client vanished under the server's first send, with a `cancel`
     already on its way: the receive side gets it after the writer has closed the session
