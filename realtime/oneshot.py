@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from engine.engine import EngineFailed, Refused
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
 from realtime.mailbox import LoopMailbox
@@ -66,25 +67,18 @@ class _QueueSink:
         self._put(("error", (code, message)))
 
 
-class OneShotError(Exception):
-    def __init__(self, code: P.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
 def segments_of(req: P.TTSRequest) -> list[str]:
     seg = TextSegmenter(req.chunk_length, min(req.min_chunk_length, req.chunk_length), req.latency)
     return seg.push(req.text) + seg.flush()
 
 
 async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
-    """Encoded audio chunks for the whole request. Raises OneShotError before the first
-    chunk for errors a client caused (the HTTP status can still say so)."""
-    from engine.engine import EngineFailed, Refused
-
+    """Encoded audio chunks for the whole request. Raises ProtocolError before the first
+    chunk for errors a client caused (the HTTP status can still say so), and after it for
+    an engine error (the response then ends early)."""
     segments = segments_of(req)
     if not segments:
-        raise OneShotError(P.ErrorCode.INVALID_FIELD, "text is empty")
+        raise P.ProtocolError(P.ErrorCode.INVALID_FIELD, "text is empty")
     encoder = AudioEncoder(
         req.format, req.output_rate, svc.engine.sample_rate, req.mp3_bitrate, req.opus_bitrate,
         speed=req.prosody.speed if req.prosody else 1.0, volume_db=req.prosody.volume if req.prosody else 0.0,
@@ -95,9 +89,9 @@ async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
     try:
         handle = svc.engine.open(voice, svc.stream_params(req), sink)
     except Refused as e:
-        raise OneShotError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+        raise P.ProtocolError(P.ErrorCode.BUSY, f"server busy: {e}") from None
     except EngineFailed as e:
-        raise OneShotError(P.ErrorCode.INTERNAL, str(e)) from None
+        raise P.ProtocolError(P.ErrorCode.INTERNAL, str(e)) from None
 
     def overflow() -> None:
         svc.metrics.errors[P.ErrorCode.TOO_LARGE.value] += 1
@@ -120,7 +114,7 @@ async def synthesize(svc: Services, req: P.TTSRequest) -> AsyncIterator[bytes]:
                 remaining -= 1
             else:
                 code, message = value
-                raise OneShotError(P.ErrorCode(code) if code in P.ErrorCode._value2member_map_ else P.ErrorCode.INTERNAL, message)
+                raise P.ProtocolError(P.ErrorCode(code) if code in P.ErrorCode._value2member_map_ else P.ErrorCode.INTERNAL, message)
         if tail := encoder.flush():
             yield tail
     finally:

@@ -13,8 +13,9 @@ Client -> server
 Server -> client
     audio  {audio: bytes, ...}     encoded audio; extension keys: turn, seq (1, 2, ...),
                                    samples (audio in this chunk, at sample_rate), sample_rate,
-                                   gen_ms (time since the turn's first segment was handed
-                                   to the engine)
+                                   gen_ms (ms since the service received the event that
+                                   handed the turn's first segment to the engine: its flush,
+                                   as a rule; 0 on a turn's encoder tail)
     finish {reason: stop|error, message?}
     extensions (Fish clients ignore unknown events):
     ready     {session_id, sample_rate, format, voice_cached, prefill_ms}
@@ -61,6 +62,10 @@ class ErrorCode(str, Enum):
 
 
 class ProtocolError(Exception):
+    """An error the client is told, with its code: a bad message, or a request the service
+    cannot serve (unknown voice, busy). Live sessions send it as `error` + `finish`; HTTP
+    endpoints answer with its status (realtime/errors.py)."""
+
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code

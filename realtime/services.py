@@ -33,12 +33,10 @@ class Services:
         return self._mailbox
 
     def resolve_voice(self, req: P.TTSRequest) -> VoiceInput:
-        from realtime.session import SessionError
-
         if req.reference_id:
             stored = self.voices.get(req.reference_id)
             if stored is None:
-                raise SessionError(P.ErrorCode.UNKNOWN_VOICE, f"no stored voice with id {req.reference_id!r}")
+                raise P.ProtocolError(P.ErrorCode.UNKNOWN_VOICE, f"no stored voice with id {req.reference_id!r}")
             return stored.as_input()
         return VoiceInput(tuple(ReferenceInput(r.text, audio=r.audio) for r in req.references))
 

@@ -40,12 +40,6 @@ class State(Enum):
     FINISHED = "finished"
 
 
-class SessionError(Exception):
-    def __init__(self, code: P.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
 class EngineSink:
     """Engine callbacks (worker threads) -> the session's event loop, through the loop's
     mailbox (realtime/mailbox.py: one wake-up for a burst of events of all sessions)."""
@@ -82,7 +76,12 @@ class LiveSession:
         self.done: Counter[int] = Counter()  # segments the engine finished, per turn
         self.closed_turns: set[int] = set()  # flushed: no more text joins them
         self.cancelled: set[int] = set()
-        self.turn_started: dict[int, float] = {}  # first segment handed over
+        # receipt of the client event that handed the turn's first segment to the engine
+        # (its flush, as a rule): where the turn's TTFA and every chunk's gen_ms start
+        self.turn_started: dict[int, float] = {}
+        self._no_audio_yet: set[int] = set()  # turns started whose first audio event is not sent
+        self._received_at = time.perf_counter()  # the client event being handled
+        self.ready_at: float | None = None
         self.turn_audio: Counter[int] = Counter()  # output samples per turn
         self.pending_chars = 0  # handed to the engine, not yet spoken
         self._segment_chars: deque[int] = deque()  # lengths of unfinished segments, in order
@@ -102,7 +101,7 @@ class LiveSession:
             await self._receive_loop()
         except WebSocketDisconnect:
             pass
-        except SessionError as e:
+        except P.ProtocolError as e:
             self._fail(e.code, e.message)
         except Exception as e:  # a bug must end this session only, never the server
             log.exception("session %s failed", self.id)
@@ -123,8 +122,9 @@ class LiveSession:
                 if self._busy():
                     continue
                 if self.state is State.AWAITING_START:
-                    raise SessionError(P.ErrorCode.TIMEOUT, f"no 'start' within {timeout:g} s of connecting") from None
-                raise SessionError(P.ErrorCode.TIMEOUT, f"no message for {timeout:g} s") from None
+                    raise P.ProtocolError(P.ErrorCode.TIMEOUT, f"no 'start' within {timeout:g} s of connecting") from None
+                raise P.ProtocolError(P.ErrorCode.TIMEOUT, f"no message for {timeout:g} s") from None
+            self._received_at = time.perf_counter()
             if message["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(message.get("code", 1000))
             if self._closing:
@@ -134,12 +134,8 @@ class LiveSession:
                 return
             data = message.get("bytes")
             if data is None:
-                raise SessionError(P.ErrorCode.BAD_MESSAGE, "frames must be binary MessagePack, got a text frame")
-            try:
-                event = P.parse_client_event(data, self.limits)
-            except P.ProtocolError as e:
-                raise SessionError(e.code, e.message) from None
-            self._handle(event)
+                raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, "frames must be binary MessagePack, got a text frame")
+            self._handle(P.parse_client_event(data, self.limits))
 
     def _receive_timeout(self) -> float:
         if self.state is State.AWAITING_START:
@@ -212,9 +208,9 @@ class LiveSession:
             self._start(event.request)
             return
         if self.state is State.AWAITING_START:
-            raise SessionError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' before 'start'")
+            raise P.ProtocolError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' before 'start'")
         if self.state is State.STOPPING:
-            raise SessionError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' after 'stop'")
+            raise P.ProtocolError(P.ErrorCode.OUT_OF_ORDER, f"'{type(event).__name__.lower()}' after 'stop'")
         if isinstance(event, P.Text):
             self._text(event.text)
         elif isinstance(event, P.Flush):
@@ -228,8 +224,8 @@ class LiveSession:
 
     def _start(self, req: P.TTSRequest) -> None:
         if self.state is not State.AWAITING_START:
-            raise SessionError(P.ErrorCode.OUT_OF_ORDER, "'start' was already received")
-        voice = self.svc.resolve_voice(req)  # raises SessionError(UNKNOWN_VOICE)
+            raise P.ProtocolError(P.ErrorCode.OUT_OF_ORDER, "'start' was already received")
+        voice = self.svc.resolve_voice(req)  # raises ProtocolError(UNKNOWN_VOICE)
         try:
             self.encoder = AudioEncoder(
                 req.format, req.output_rate, self.svc.engine.sample_rate, req.mp3_bitrate, req.opus_bitrate,
@@ -237,22 +233,22 @@ class LiveSession:
                 volume_db=req.prosody.volume if req.prosody else 0.0,
             )
         except ValueError as e:
-            raise SessionError(P.ErrorCode.INVALID_FIELD, str(e)) from None
+            raise P.ProtocolError(P.ErrorCode.INVALID_FIELD, str(e)) from None
         self.segmenter = TextSegmenter(req.chunk_length, min(req.min_chunk_length, req.chunk_length), req.latency)
         self.request = req
         try:
             self.handle = self.svc.engine.open(voice, self.svc.stream_params(req), EngineSink(self, self.svc.mailbox()))
         except Refused as e:
-            raise SessionError(P.ErrorCode.BUSY, f"server busy: {e}") from None
+            raise P.ProtocolError(P.ErrorCode.BUSY, f"server busy: {e}") from None
         except EngineFailed as e:
-            raise SessionError(P.ErrorCode.INTERNAL, str(e)) from None
+            raise P.ProtocolError(P.ErrorCode.INTERNAL, str(e)) from None
         self.state = State.PREPARING
         if req.text:
             self._text(req.text)
 
     def _text(self, text: str) -> None:
         if self.segmenter.buffered_chars + self.pending_chars + len(text) > self.limits.max_buffered_chars:
-            raise SessionError(P.ErrorCode.TOO_LARGE, f"more than {self.limits.max_buffered_chars} characters are waiting to be spoken")
+            raise P.ProtocolError(P.ErrorCode.TOO_LARGE, f"more than {self.limits.max_buffered_chars} characters are waiting to be spoken")
         self._say(self.segmenter.push(text))
 
     def _say(self, segments: list[str]) -> None:
@@ -261,7 +257,9 @@ class LiveSession:
             self.sent[self.turn] += 1
             self.pending_chars += len(segment)
             self._segment_chars.append(len(segment))
-            self.turn_started.setdefault(self.turn, time.perf_counter())
+            if self.turn not in self.turn_started:
+                self.turn_started[self.turn] = self._received_at
+                self._no_audio_yet.add(self.turn)
 
     def _flush(self) -> None:
         self._say(self.segmenter.flush())
@@ -278,6 +276,7 @@ class LiveSession:
         if current_has_text and self.turn not in dropped:
             dropped.append(self.turn)
         self.cancelled.update(dropped)
+        self._no_audio_yet.difference_update(dropped)
         self.pending_chars = 0
         self._segment_chars.clear()
         self.encoder.drain()  # audio of the dropped turns still inside the encoder: discarded
@@ -292,7 +291,8 @@ class LiveSession:
             return
         if self.state is State.PREPARING:
             self.state = State.READY
-        self.svc.metrics.open_to_ready.observe(time.perf_counter() - self.opened_at)
+        self.ready_at = time.perf_counter()
+        self.svc.metrics.open_to_ready.observe(self.ready_at - self.opened_at)
         req = self.request
         self._send(P.ready_event(self.id, req.output_rate, req.format, voice_cached, prefill_ms))
 
@@ -301,18 +301,24 @@ class LiveSession:
             return
         data = self.encoder.encode(pcm)
         self.turn_audio[turn] += len(pcm)
-        started = self.turn_started.get(turn, self.opened_at)
-        if self.turn_audio[turn] == len(pcm):
-            self.svc.metrics.ttfa.observe(time.perf_counter() - started)
         self.svc.metrics.audio_seconds += len(pcm) / self.svc.engine.sample_rate
-        if data:
-            self._send_audio(data, turn, (time.perf_counter() - started) * 1000)
+        if data:  # an encoder may hold the first chunks back (MP3 lookahead): no event, no TTFA
+            self._send_audio(data, turn)
 
-    def _send_audio(self, data: bytes, turn: int, gen_ms: float) -> None:
+    def _send_audio(self, data: bytes, turn: int, tail: bool = False) -> None:
+        now = time.perf_counter()
+        started = self.turn_started.get(turn, self.opened_at)
         self.seq += 1
         samples = self.encoder.samples_out - self._samples_sent  # audio in this chunk
         self._samples_sent = self.encoder.samples_out
+        gen_ms = 0.0 if tail else (now - started) * 1000
         self._send(P.audio_event(data, turn, self.seq, samples, self.request.output_rate, gen_ms))
+        if turn in self._no_audio_yet and not self._closing:
+            # TTFA as DESIGN.md and latency_bench define it: the turn's flush to its first
+            # non-empty audio event; a flush sent before `ready` counts from `ready` (the
+            # voice prefill is open-to-ready's, not hidden in TTFA)
+            self._no_audio_yet.discard(turn)
+            self.svc.metrics.ttfa.observe(now - max(started, self.ready_at or started))
 
     def on_segment_end(self, turn: int, reason: str) -> None:
         if self._closing:
@@ -341,7 +347,7 @@ class LiveSession:
             # the turn's last samples may sit in the encoder (a partial Opus packet, LAME's
             # lookahead, the resampler's filter): push them out before saying it ended
             if tail := self.encoder.drain():
-                self._send_audio(tail, turn, 0.0)
+                self._send_audio(tail, turn, tail=True)
             self._send(P.turn_end_event(turn, self.turn_audio[turn] / self.svc.engine.sample_rate))
 
     def _maybe_finish(self) -> None:
@@ -349,6 +355,6 @@ class LiveSession:
             return
         tail = self.encoder.flush()
         if tail:
-            self._send_audio(tail, self.turn - 1, 0.0)
+            self._send_audio(tail, self.turn - 1, tail=True)
         self._send(P.finish_event("stop"))
         self._finish()

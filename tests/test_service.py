@@ -6,7 +6,13 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import time
+import zipfile
+from pathlib import Path
 
 import av
 import httpx
@@ -20,6 +26,7 @@ from engine.engine import EngineConfig
 from engine.audio import wav_bytes
 from server import running_server
 
+ROOT = Path(__file__).resolve().parent.parent
 HOP, RATE = 2048, 44100
 FRAMES = 12  # max_new_tokens in most tests
 
@@ -510,6 +517,42 @@ def test_health_and_metrics(srv):
     assert int(count.split()[1]) >= 1
 
 
+def ttfa_histogram(url: str) -> tuple[int, float]:
+    """(count, sum in seconds) of /metrics' realtime_ttfa_seconds."""
+    lines = dict(line.split() for line in httpx.get(f"{url}/metrics").text.splitlines()
+                 if line.startswith("realtime_ttfa_seconds_"))
+    return int(lines["realtime_ttfa_seconds_count"]), float(lines["realtime_ttfa_seconds_sum"])
+
+
+def test_ttfa_runs_from_the_flush_to_the_first_non_empty_audio(srv):
+    """/metrics TTFA is DESIGN.md's and latency_bench's: from the flush that ends a turn's
+    first segment to the turn's first audio event with bytes in it, one sample a turn.
+    MP3 at 16 kHz holds the first chunks back (LAME's lookahead: the encoder returns no
+    bytes for them), so a clock stopped by the first engine chunk would read short of
+    the first audio event's gen_ms, which runs from the same flush."""
+    async def main():
+        async with websockets.connect(srv.ws_url, max_size=None) as ws:
+            request = {"format": "mp3", "sample_rate": 16000, "max_new_tokens": FRAMES}
+            await ws.send(msgpack.packb({"event": "start", "request": request}))
+            assert msgpack.unpackb(await ws.recv())["event"] == "ready"  # the voice is prefilled first
+            firsts = []
+            for text in ("First turn.", "Second turn."):
+                await ws.send(msgpack.packb({"event": "text", "text": text}))
+                await ws.send(msgpack.packb({"event": "flush"}))
+                audio = []
+                while (event := msgpack.unpackb(await ws.recv()))["event"] != "turn_end":
+                    audio += [event] if event["event"] == "audio" else []
+                assert len(audio) > 1 and all(e["audio"] for e in audio)
+                firsts.append(audio[0]["gen_ms"] / 1000)
+            return firsts
+
+    count0, sum0 = ttfa_histogram(srv.http_url)
+    firsts = run(main())
+    count, total = ttfa_histogram(srv.http_url)
+    assert count - count0 == 2  # one sample a turn, however many chunks it had
+    assert abs((total - sum0) - sum(firsts)) < 1e-4, (total - sum0, firsts)
+
+
 class _GoneClient:
     """A WebSocket whose client vanished under the server's first send, with a `cancel`
     already on its way: the receive side gets it after the writer has closed the session
@@ -679,3 +722,43 @@ def test_a_stopped_engine_thread_fails_streams_and_health_loudly(tmp_path, threa
         r = httpx.post(s.http_url + "/v1/tts", content=msgpack.packb({"text": "Hi.", "format": "pcm"}),
                        headers={"content-type": "application/msgpack"})
         assert r.status_code == 500 and "restart the service" in r.json()["message"]
+
+
+# --- the demo page ---------------------------------------------------------------------------
+
+def test_the_demo_page_is_served(srv):
+    page = httpx.get(srv.http_url + "/")
+    assert page.status_code == 200 and "static/app.js" in page.text
+    assert httpx.get(srv.http_url + "/static/app.js").status_code == 200
+
+
+def test_a_missing_demo_page_stops_the_start_up(tmp_path):
+    from realtime.demo import demo_routes
+
+    with pytest.raises(RuntimeError, match="demo page .* is missing"):
+        demo_routes(tmp_path)  # a `clients` installed without its web files
+
+
+def test_an_installed_wheel_serves_the_demo_page(tmp_path):
+    """The page is package data of `clients`: the wheel carries it, and the service finds
+    it in the installed package (before: read from the source tree, so an installed wheel
+    served no demo, silently). Built from a copy without the 38 MB of model assets: the
+    wheel's names are what count."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for package in ("engine", "kernels", "realtime", "clients", "latency_bench"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", src], check=True)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    web = sorted(f"clients/web/{p.name}" for p in (ROOT / "clients" / "web").iterdir())
+    assert set(web) <= set(zipfile.ZipFile(wheel).namelist()), web
+
+    subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", tmp_path / "site", wheel], check=True)
+    found = subprocess.run(  # outside the checkout: only the installed copy is on the path
+        [sys.executable, "-c", "from realtime.demo import demo_routes, web_dir; demo_routes(web_dir()); print(web_dir())"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert Path(found) == tmp_path / "site" / "clients" / "web"

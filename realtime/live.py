@@ -1,0 +1,52 @@
+"""The WebSocket endpoints: the live TTS handshake (API key, connection limit) before a
+session (realtime/session.py) takes the connection, and a clear refusal on any other path.
+
+Shared objects reach them through `websocket.app.state.services` (realtime/app.py)."""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+from starlette.websockets import WebSocket
+
+from realtime import protocol as P
+from realtime.auth import authorized
+from realtime.errors import error_json, unauthorized_response
+from realtime.services import Services
+from realtime.session import LiveSession
+
+
+async def live(ws: WebSocket) -> None:
+    svc: Services = ws.app.state.services
+    m, limit = svc.metrics, svc.config.max_connections
+    if not authorized(svc.config, ws.headers, ws.query_params):
+        m.errors["unauthorized"] += 1
+        await _deny(ws, unauthorized_response())
+        return
+    if m.sessions_active >= limit:
+        m.errors[P.ErrorCode.BUSY.value] += 1
+        await _deny(ws, error_json(P.ErrorCode.BUSY.value, f"server busy: {limit} connections "
+                                   "are open (--max-connections)", 503))
+        return
+    m.sessions_active += 1  # counted before the first await: no two handshakes take the last place
+    m.sessions_total += 1
+    try:
+        await ws.accept()
+        await LiveSession(ws, svc).run()
+    finally:
+        m.sessions_active -= 1
+
+
+async def unknown_path(ws: WebSocket) -> None:
+    path = ws.url.path[:200]  # the client's own path, echoed back (bounded)
+    await _deny(ws, error_json("not_found", f"no WebSocket endpoint at {path}; the live TTS endpoint is "
+                               "/v1/tts/live", 404))
+
+
+async def _deny(ws: WebSocket, response: Response) -> None:
+    """Refuse a WebSocket handshake with this HTTP response (a JSON body saying why; the
+    ASGI denial-response extension, which uvicorn has); without it, the plain close before
+    accept, which clients see as 403."""
+    try:
+        await ws.send_denial_response(response)
+    except RuntimeError:  # the server lacks the extension
+        await ws.close(code=1008)
