@@ -95,7 +95,7 @@ class VoiceStore:
             if voice_id in self._voices:
                 raise VoiceStoreError(f"voice {voice_id!r} already exists")
             if len(self._voices) >= self.max_voices:
-                raise VoiceStoreFull(f"the voice store is full ({self.max_voices} voices, --max-voices): delete one first")
+                raise VoiceStoreFull(f"the voice store is full ({self.max_voices} voices, --limit voices=N): delete one first")
             self._write(voice)
             self._voices[voice_id] = voice
         return voice

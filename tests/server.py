@@ -57,11 +57,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(tmp_path: Path, model: str = "tiny", engine: EngineConfig | None = None, **overrides):
+def running_server(tmp_path: Path, model: str = "tiny", engine: EngineConfig | None = None,
+                   ignore_end: bool = False, **overrides):
+    """`ignore_end`: the benchmark setting of fixed-length segments (random weights)."""
     port = free_port()
     config = replace(ServiceConfig(port=port, model=model, voices_dir=tmp_path / "voices"), **overrides)
-    if engine is not None:
-        config = replace(config, engine=engine)
+    config = replace(config, engine=replace(engine or config.engine,
+                                            bench=replace((engine or config.engine).bench, ignore_end=ignore_end)))
     eng = Engine(bundle(model), config.engine)
     app = build_app(config, eng)
     uv = uvicorn.Server(uvicorn.Config(

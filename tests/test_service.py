@@ -487,7 +487,7 @@ def test_stored_voices_survive_a_restart(tmp_path):
 
 
 def test_the_voice_store_is_bounded(tmp_path):
-    """--max-voices: past it a new voice is refused with 413 and the reason, until one is
+    """--limit voices=N: past it a new voice is refused with 413 and the reason, until one is
     deleted; the refused one leaves nothing on disk."""
     ref = wav_bytes((0.3 * np.sin(2 * np.pi * 200 * np.arange(RATE // 2) / RATE)).astype(np.float32), RATE)
 
@@ -498,7 +498,7 @@ def test_the_voice_store_is_bounded(tmp_path):
     with running_server(tmp_path, max_voices=2) as s:
         assert add("a").status_code == 201 and add("b").status_code == 201
         full = add("c")
-        assert full.status_code == 413 and full.json()["error"] == "too_large" and "--max-voices" in full.json()["message"]
+        assert full.status_code == 413 and full.json()["error"] == "too_large" and "--limit voices=N" in full.json()["message"]
         assert not (tmp_path / "voices" / "c").exists()
         assert httpx.delete(f"{s.http_url}/v1/voices/a").status_code == 204
         assert add("c").status_code == 201

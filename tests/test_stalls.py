@@ -1,4 +1,4 @@
-"""The stall sampler (`--debug-stalls`) names what blocked the event loop."""
+"""The stall sampler (`--debug stalls`) names what blocked the event loop."""
 
 from __future__ import annotations
 
@@ -35,4 +35,4 @@ def test_a_blocked_loop_is_reported_with_its_stack(caplog):
 
 
 def test_the_flag_is_off_by_default():
-    assert not parse_args([]).debug_stalls and parse_args(["--debug-stalls"]).debug_stalls
+    assert not parse_args([]).debug_stalls and parse_args(["--debug", "stalls"]).debug_stalls
