@@ -35,6 +35,7 @@ n frames runs every layer on n frames plus its fixed context, whatever the histo
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -54,19 +55,27 @@ from engine.codec.layers import (
     window_mask,
 )
 from engine.codec.model import Codec, DecoderBlock
+from kernels import conv_state, residual
+from kernels import ring_attention as ring_attention_kernel
+from kernels import snake as snake_kernel
+from kernels.conv_state import conv_input, transposed_output
+from kernels.layout import as_time_major
+from kernels.residual import add_residual
+from kernels.ring_attention import ring_attention
+from kernels.snake import snake
 
 # (x: [B, C, n], slots: [B]) -> [B, C', n * upsampling]
 Step = Callable[[Tensor, Tensor], Tensor]
 
 
+KERNELS = {"snake": snake_kernel, "conv_state": conv_state, "ring_attention": ring_attention_kernel,
+           "residual": residual}
+
+
 def _kernel_ok(name: str, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether kernels/<name>.py compiles and matches its reference here (logged if not)."""
-    import importlib
-
-    why = importlib.import_module(f"kernels.{name}").self_check(device, dtype)
+    why = KERNELS[name].self_check(device, dtype)
     if why is not None:
-        import logging
-
         logging.getLogger(__name__).warning("kernels.%s off (PyTorch path instead): %s", name, why)
     return why is None
 
@@ -178,7 +187,6 @@ class StreamingDecoder:
         # x: [B, C, n] -> [B, C, n]
         n, W = x.shape[-1], self._post.window
         if self.kernels:  # one launch a layer: attention over the ring, and its update
-            from kernels.ring_attention import ring_attention
 
             start = self.pos[slots]
             positions = start[:, None] + torch.arange(n, device=self.device)
@@ -250,7 +258,6 @@ class StreamingDecoder:
         if isinstance(module, SpectralHead):
             return self._spectral_step(module)
         if isinstance(module, Snake1d) and self.kernels:  # pointwise: no state
-            from kernels.snake import snake
 
             alpha = module.alpha.view(-1)
             return lambda x, slots: snake(x, alpha)
@@ -265,8 +272,6 @@ class StreamingDecoder:
         first Snake and the k7 conv's history in one pass (conv_input), both convs without
         their bias, the k7 bias added in the second Snake's pass, the k1 bias in the
         residual add's."""
-        from kernels.residual import add_residual
-        from kernels.snake import snake
 
         snake_in, conv7, snake_mid, conv1 = unit.block
         if not (isinstance(snake_in, Snake1d) and isinstance(conv7, CausalConv1d) and isinstance(snake_mid, Snake1d)
@@ -296,7 +301,6 @@ class StreamingDecoder:
             return lambda x, slots: conv(x)
         history = self._new(conv.in_channels, ctx)  # [S, C_in, ctx], after the Snake if any
         if self.kernels:
-            from kernels.conv_state import conv_input
 
             alpha = None if snake is None else snake.alpha.view(-1)
             nhwc = self._nhwc(conv, bias)
@@ -317,7 +321,6 @@ class StreamingDecoder:
         convs make a 3-D input contiguous first, and cuDNN then transposed every input to
         NHWC and every output back: 0.87 of a 3.6 ms call, H200, s2-pro codec, 64 x 1.)
         `bias` False: the bias is left for the next pass to add."""
-        from kernels.layout import as_time_major
 
         weight = conv.weight.detach().unsqueeze(2).contiguous(memory_format=torch.channels_last)
         b = conv.bias if bias else None
@@ -352,7 +355,6 @@ class StreamingDecoder:
             return lambda x, slots: conv(x)
         tail = self._new(conv.out_channels, overlap)  # [S, C_out, overlap], bias-free
         if self.kernels:
-            from kernels.conv_state import transposed_output
 
             nhwc = self._nhwc(conv, bias=False)
 
