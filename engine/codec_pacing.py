@@ -47,6 +47,8 @@ class _Lead:
 
 @dataclass(slots=True)
 class Pacer:
+    """The frames held per stream, each stream's lead this turn, and the policy over them."""
+
     frame_s: float  # audio per frame
     hold_lead_s: float | None = 0.3  # None: never hold a turn's later frames
     max_chunk: int = CHUNKS[0]

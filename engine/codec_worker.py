@@ -59,8 +59,8 @@ class CodecWorker:
     def __init__(self, codec: torch.nn.Module, max_streams: int, *, cuda_graphs: bool | None = None,
                  hold_lead_s: float | None = 0.3, max_chunk: int = CHUNKS[0], first_frames: int = 1,
                  busy_streams: int = 0, kernels: bool | None = None) -> None:
-        self.frame_s = codec.hop_length / codec.sample_rate  # audio per frame
-        self.pacing = Pacer(self.frame_s, hold_lead_s, max_chunk, first_frames, busy_streams)
+        frame_s = codec.hop_length / codec.sample_rate  # audio per frame
+        self.pacing = Pacer(frame_s, hold_lead_s, max_chunk, first_frames, busy_streams)
         self.codec_calls = CodecCalls(codec, max_streams, self.pacing.chunks, cuda_graphs, kernels)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # made by start()

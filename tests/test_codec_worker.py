@@ -65,7 +65,7 @@ def make_worker(codec, hold, max_chunk=CHUNKS[0], streams=2, **kw):
 @pytest.mark.parametrize("max_chunk", [CHUNKS[0], 8])
 def test_frames_are_held_only_while_well_ahead_of_real_time(codec, max_chunk):
     worker, clock = make_worker(codec, 0.3, max_chunk)
-    hop, frame_s = codec.hop_length, worker.frame_s
+    hop, frame_s = codec.hop_length, worker.pacing.frame_s
     listener = Listener()
     total = 15 * max_chunk
     codes = np.random.default_rng(0).integers(0, 64, (total, codec.num_codebooks))
@@ -129,7 +129,7 @@ def test_policy_flags_that_cannot_work_are_usage_errors():
 
 def test_a_held_frame_goes_out_when_the_lead_runs_down(codec):
     worker, clock = make_worker(codec, 0.3)
-    frame_s = worker.frame_s
+    frame_s = worker.pacing.frame_s
     listener = Listener()
     codes = np.random.default_rng(1).integers(0, 64, (20, codec.num_codebooks))
     for i in range(20):  # far ahead: 20 frames at once, then one more
