@@ -9,7 +9,7 @@
   --clone-min-reference-seconds S, one or two of them totalling S seconds or more);
 - CPU speed: real-time factor and time to first audio of the engine path.
 
-    python -m engine.train.evaluate --model runs/voice --data data/voice/audio --out runs/eval.json
+    python -m training.evaluate --model runs/voice --data data/voice/audio --out runs/eval.json
 
 scripts/voice/evaluate.py adds the service path (WebSocket, streamed).
 """
@@ -124,7 +124,7 @@ def envelope(audio: np.ndarray, rate: int = FEATURE_RATE, bands: int = 40) -> np
     """Mean log-mel spectrum (40 bands to 8 kHz) of the louder frames, level removed."""
     import torch
 
-    from engine.train.codec_losses import magnitude, mel_filterbank
+    from training.codec_losses import magnitude, mel_filterbank
 
     mag = magnitude(torch.from_numpy(audio.astype(np.float32))[None], 512)[0]  # [F, T]
     mel = torch.log(mel_filterbank(rate, 512, bands) @ mag + 1e-5)  # [bands, T]
@@ -188,7 +188,7 @@ class HeldOut:
 
     @classmethod
     def load(cls, folders: list[Path], rate: int, limit: int | None = None) -> "HeldOut":
-        from engine.train.audio_data import AudioSet
+        from training.audio_data import AudioSet
 
         data = AudioSet(folders, rate, SPLITS)
         items = [Item(u.id, u.speaker, u.text, u.split, data.waveform(u)) for u in data.utterances]
@@ -384,7 +384,7 @@ def model_eval(bundle, held: HeldOut, space: SpeakerSpace, asr: Recognizer, sent
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.train.evaluate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="checkpoint folder (model + codec); omit to score the teacher only")
     p.add_argument("--codec", type=Path, help="codec folder (default: the model folder's codec)")
@@ -412,7 +412,7 @@ def evaluate(data: list[Path], model: str | None = None, codec_folder: Path | No
              sentences: int = 40, trials: int = 60, threads: int = 2, min_reference_seconds: float = 0.0) -> dict:
     import torch
 
-    from engine.train.presets import SAMPLE_RATE
+    from training.presets import SAMPLE_RATE
 
     torch.set_num_threads(threads)
     held = HeldOut.load(data, SAMPLE_RATE, limit)

@@ -4,7 +4,7 @@ rdata.py), cut into sentences, filtered to plain speakable ones, split into trai
 held-out sets by a hash of the text, and phonemized for the teacher.
 
     apt-get download r-cran-janeaustenr && dpkg -x r-cran-janeaustenr_*.deb /tmp/janeausten
-    python -m engine.train.corpus --rdata /tmp/janeausten --out data/voice/text.jsonl
+    python -m training.corpus --rdata /tmp/janeausten --out data/voice/text.jsonl
 
 Output: JSON lines {id, text, phonemes, ids, split, book}; `text` is what the model reads
 (as a user would type it), `phonemes`/`ids` what the teacher speaks (Piper ids). Splits:
@@ -108,7 +108,7 @@ def split_of(text: str) -> str:
 
 
 def extract(rdx: Path) -> Iterator[dict]:
-    from engine.train.rdata import read_lazyload
+    from training.rdata import read_lazyload
 
     books = read_lazyload(rdx)
     seen: set[str] = set()
@@ -127,14 +127,14 @@ def plain_sentences(path: Path = PLAIN_SENTENCES) -> Iterator[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.train.corpus", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.corpus", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rdata", required=True, help="unpacked r-cran-janeaustenr .deb (or its Rdata.rdx)")
     p.add_argument("--out", required=True, help="JSON lines output")
     p.add_argument("--no-phonemes", action="store_true", help="skip espeak-ng (text only)")
     args = p.parse_args(argv)
-    from engine.train.phonemes import Espeak, phoneme_ids
-    from engine.train.teacher import default_voice_files
+    from training.phonemes import Espeak, phoneme_ids
+    from training.teacher import default_voice_files
 
     espeak = None if args.no_phonemes else Espeak()
     id_map = None if args.no_phonemes else json.loads(default_voice_files()[1].read_text())["phoneme_id_map"]

@@ -48,8 +48,8 @@ class PiperVoice:
         return np.clip(y.reshape(-1), -1.0, 1.0).astype(np.float32)
 
     def speak(self, ids: list[int], speaker) -> np.ndarray:
-        """Phoneme ids -> the audio of pseudo-speaker `speaker` (engine/train/speakers.py) at
+        """Phoneme ids -> the audio of pseudo-speaker `speaker` (training/speakers.py) at
         this voice's rate: what the teacher data holds."""
-        from engine.train.speakers import apply
+        from training.speakers import apply
 
         return apply(self.synthesize(ids, speaker.length_scale, speaker.noise_w), self.sample_rate, speaker)

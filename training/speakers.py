@@ -45,7 +45,7 @@ class Speaker:
 # apart) by two spectral tilts (neutral, or +-8 dB treble with -+4 dB bass), each with its
 # own speaking rate. Lower tapes were tried and dropped: at tape 0.9 pocketsphinx's WER on
 # the teacher doubles (0.25 -> 0.53; the teacher is already a low voice), while 1.28 costs
-# little (0.30). Measured separability (engine.train.evaluate's speaker space, 40 held-out
+# little (0.30). Measured separability (training.evaluate's speaker space, 40 held-out
 # sentences per speaker): 92% of single utterances nearest to their own speaker, 98% of
 # those of 3 s or more, 100% of those of 5 s or more.
 SPEAKERS: tuple[Speaker, ...] = (

@@ -1,10 +1,10 @@
 """Train the small DualAR model on (text, codes) sequences in the S2 prompt format with
 voice-cloning references, resumably; export it with the codec as a checkpoint folder.
 
-    python -m engine.train.lm_train train --codes runs/codec/codes.npz --out runs/lm --minutes 9
-    python -m engine.train.lm_train export --out runs/lm --codec runs/codec/export --to runs/voice
+    python -m training.lm_train train --codes runs/codec/codes.npz --out runs/lm --minutes 9
+    python -m training.lm_train export --out runs/lm --codec runs/codec/export --to runs/voice
     # to resume with more data in the upload: the state's parameters in fp16, no moments
-    python -m engine.train.lm_train half-state --state runs/lm/state --to runs/lm-half
+    python -m training.lm_train half-state --state runs/lm/state --to runs/lm-half
 
 Loss: cross-entropy of the slow head over the semantic rows + <|im_end|> (what the engine
 samples) at every assistant position, plus the mean cross-entropy of the fast transformer
@@ -27,11 +27,11 @@ import torch
 from engine.config import ModelConfig
 from engine.model import DualARModel
 from engine.tokenizer import TextTokenizer, TinyLayout, build_tiny_tokenizer
-from engine.train import checkpoints
-from engine.train.lm_data import BatchStream, CodeSet, SequenceBuilder, SequenceConfig, collate
-from engine.train.lm_forward import init_weights_, losses, parameter_groups
-from engine.train.presets import VOICE_LAYOUT, voice_model_config
-from engine.train.schedule import Clock, lr_at, plan_steps
+from training import checkpoints
+from training.lm_data import BatchStream, CodeSet, SequenceBuilder, SequenceConfig, collate
+from training.lm_forward import init_weights_, losses, parameter_groups
+from training.presets import VOICE_LAYOUT, voice_model_config
+from training.schedule import Clock, lr_at, plan_steps
 
 
 @dataclasses.dataclass
@@ -89,7 +89,7 @@ def train(codes: Path, out: Path, minutes: float, save_minutes: float, cfg: LMTr
           keep_best: bool = False, overrides: dict | None = None, total_steps: int | None = None) -> dict:
     """Trains for `minutes` of wall clock (this call), on a schedule planned over
     `total_minutes` of training (all calls; default: this call's minutes), or over
-    `total_steps` optimizer steps (engine/train/schedule.py plan_steps). Resuming, the
+    `total_steps` optimizer steps (training/schedule.py plan_steps). Resuming, the
     saved configs apply, with `overrides` (training-config fields the caller set
     explicitly) on top."""
     t_start = time.perf_counter()
@@ -211,7 +211,7 @@ def _parse_value(text: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.train.lm_train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.lm_train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train")
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="LMTrainConfig field")
     t.add_argument("--model-set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="ModelConfig field over engine.train.presets.voice_model_config")
+                   help="ModelConfig field over training.presets.voice_model_config")
     t.add_argument("--moments", action="store_true", help="also checkpoint the AdamW moments (2x larger)")
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--eval-every", type=int, default=500)
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                        args.keep_best, overrides=sets, total_steps=args.total_steps)
         print(json.dumps(result["final"]), file=sys.stderr)
     else:
-        from engine.train.export import copy_codec, folder_bytes, write_model
+        from training.export import copy_codec, folder_bytes, write_model
 
         model, layout, step = load_trained(args.out)
         write_model(model, layout, args.to, getattr(torch, args.dtype))

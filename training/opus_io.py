@@ -80,7 +80,7 @@ def read_opus(path: str | Path, rate: int) -> np.ndarray:
     """The whole shard as float32 mono at `rate`."""
     import torch
 
-    from engine.train.resample import resample
+    from training.resample import resample
 
     x48 = _decode_av(path) if _has_av() else _decode_libopus(path)
     return resample(torch.from_numpy(x48), OPUS_RATE, rate).numpy()

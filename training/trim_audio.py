@@ -1,4 +1,4 @@
-"""`python -m engine.train.trim_audio --audio A --to B --max-mb 48`: a smaller copy of a
+"""`python -m training.trim_audio --audio A --to B --max-mb 48`: a smaller copy of a
 teacher-data folder (scripts/voice/make_data.sh's `audio/`), for a GPU call that must
 carry something beside it in its 64 MiB upload: a resumed codec run carries its state.
 
@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from engine.train.datagen import audio_seconds
+from training.datagen import audio_seconds
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -66,7 +66,7 @@ def trim(audio: Path, to: Path, max_bytes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.train.trim_audio", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.trim_audio", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--audio", type=Path, required=True, help="a teacher-data folder (manifest.jsonl, shards/)")
     p.add_argument("--to", type=Path, required=True, help="the new, smaller folder")

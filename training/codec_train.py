@@ -2,14 +2,14 @@
 the data set into codes for the DualAR model.
 
     # train (time-bounded; checkpoints every --save-minutes into --out/state, resumes from it)
-    python -m engine.train.codec_train train --data data/voice/audio --out runs/codec --minutes 8
+    python -m training.codec_train train --data data/voice/audio --out runs/codec --minutes 8
     # export codec.pth + codec_config.json (fp16) from the latest state
-    python -m engine.train.codec_train export --out runs/codec --to runs/codec/export
+    python -m training.codec_train export --out runs/codec --to runs/codec/export
     # encode every utterance (train + held-out) into codes.npz for the model's training
-    python -m engine.train.codec_train encode --codec runs/codec/export --data data/voice/audio \
+    python -m training.codec_train encode --codec runs/codec/export --data data/voice/audio \
         --to runs/codec/codes.npz
     # more teacher data later: encode only the new folder and add it to the codes made
-    python -m engine.train.codec_train encode --codec runs/codec/export --data data/voice/audio3 \
+    python -m training.codec_train encode --codec runs/codec/export --data data/voice/audio3 \
         --append runs/codec/codes.npz --to runs/codec/codes-more.npz
 
 Losses: multi-scale log-mel L1 (x15, DAC's weight), multi-resolution STFT (x1), VQ
@@ -42,14 +42,14 @@ import torch
 
 from engine.codec.config import CodecConfig
 from engine.codec.model import Codec
-from engine.train import checkpoints
-from engine.train.best import BestKeeper
-from engine.train.codec_forward import (CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_,
+from training import checkpoints
+from training.best import BestKeeper
+from training.codec_forward import (CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_,
                                         normalize_codebooks_, use_fused_snake_)
-from engine.train.codec_losses import ReconstructionLoss, head_phase_loss, head_spectrum_loss, snr_db
-from engine.train.phone_targets import NUM_CLASSES
-from engine.train.presets import VOICE_CODEC
-from engine.train.schedule import Clock, lr_at, plan_steps
+from training.codec_losses import ReconstructionLoss, head_phase_loss, head_spectrum_loss, snr_db
+from training.phone_targets import NUM_CLASSES
+from training.presets import VOICE_CODEC
+from training.schedule import Clock, lr_at, plan_steps
 
 MEL_WEIGHT, STFT_WEIGHT, COMMIT_WEIGHT, CODEBOOK_WEIGHT = 15.0, 1.0, 0.25, 1.0
 
@@ -78,7 +78,7 @@ class CodecTrainConfig:
     # Snake and its gradient as one Triton pass each (codec_forward.use_fused_snake_); off
     # until a GPU profile shows the gain (`--profile-steps`)
     fused_snake: bool = False
-    # the best parameters by the mel L1 of each log window (engine/train/best.py): a window
+    # the best parameters by the mel L1 of each log window (training/best.py): a window
     # above best * rollback_ratio puts them back (0: never), and with keep_best the run
     # ends on them when its last window is worse by more than 5%
     keep_best: bool = True
@@ -177,11 +177,11 @@ def train(data: list[Path], out: Path, minutes: float, save_minutes: float, cfg:
           total_steps: int | None = None) -> dict:
     """Trains for `minutes` of wall clock (this call, data loading included), on a schedule
     planned over `total_minutes` of training (all calls; default: this call's minutes), or
-    over `total_steps` optimizer steps (engine/train/schedule.py plan_steps).
+    over `total_steps` optimizer steps (training/schedule.py plan_steps).
     Resuming, the saved configs apply, with `overrides` (training-config fields the
     caller set explicitly) on top. `profile_steps` > 0: those steps (after 3 of warm-up)
     run under torch.profiler, and its table (by device time) goes to out/profile.txt."""
-    from engine.train.audio_data import AudioSet, CropSampler, UtteranceSampler
+    from training.audio_data import AudioSet, CropSampler, UtteranceSampler
 
     t_start = time.perf_counter()
     trained_minutes, saved = 0.0, {}
@@ -406,7 +406,7 @@ def keep_encoding_side(folder: Path, source: Path) -> int:
 def encode_set(codec: Codec, data: list[Path], device: str, workers: int = 1, batch_seconds: float = 120.0) -> dict:
     """Codes of every utterance (train and test): {'codes': int16 [C, frames total],
     'offsets': [n + 1], 'ids', 'speakers', 'texts', 'splits'}."""
-    from engine.train.audio_data import AudioSet
+    from training.audio_data import AudioSet
 
     audio = AudioSet(data, codec.sample_rate, ("train", "test"), workers)
     hop = codec.hop_length
@@ -459,7 +459,7 @@ def merge_code_sets(first: dict, second: dict) -> dict:
 # --- command line ----------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.train.codec_train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.codec_train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train")
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--workers", type=int, default=4, help="processes decoding the shards")
-    t.add_argument("--codec-config", type=Path, help="JSON CodecConfig (default: engine.train.presets.VOICE_CODEC)")
+    t.add_argument("--codec-config", type=Path, help="JSON CodecConfig (default: training.presets.VOICE_CODEC)")
     t.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a CodecTrainConfig field (batch, segment_seconds, lr, steps, ...)")
     t.add_argument("--no-moments", action="store_true", help="checkpoint parameters only (smaller)")
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         codec = load_codec(args.codec / "codec.pth", device=args.device, dtype=torch.float32)
         earlier = None
         if args.append:  # refused before minutes of encoding, not after
-            from engine.train.datagen import manifest_ids
+            from training.datagen import manifest_ids
 
             with np.load(args.append) as z:
                 earlier = dict(z)

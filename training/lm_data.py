@@ -40,7 +40,7 @@ IGNORE = -100
 
 @dataclass
 class CodeSet:
-    """The encoded data set (engine.train.codec_train encode's codes.npz)."""
+    """The encoded data set (training.codec_train encode's codes.npz)."""
 
     codes: np.ndarray  # int16 [C, frames]
     offsets: np.ndarray  # [n + 1]

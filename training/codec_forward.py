@@ -22,7 +22,7 @@ from torch.nn.utils import parametrizations, parametrize
 
 from engine.codec.model import Codec, SpectralDecoder
 from engine.codec.quantizer import VectorQuantizer
-from engine.train.phone_targets import BLANK
+from training.phone_targets import BLANK
 
 
 @dataclass
@@ -56,11 +56,11 @@ def fold_weight_norm_(codec: Codec) -> Codec:
 
 def use_fused_snake_(codec: Codec) -> Codec:
     """Every Snake1d of the codec computes itself and its gradient with
-    kernels/snake_train.py (one pass each way, instead of ~15 PyTorch passes; Triton, so a
+    training/snake_train.py (one pass each way, instead of ~15 PyTorch passes; Triton, so a
     GPU or the interpreter). Training only: the parameters and their names are unchanged,
     so checkpoints and exports do not see it."""
     from engine.codec.layers import Snake1d
-    from kernels.snake_train import snake_train
+    from training.snake_train import snake_train
 
     for m in codec.modules():
         if isinstance(m, Snake1d):
