@@ -3,7 +3,6 @@ into one array; random crops for codec training; per-utterance slices for encodi
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+
+from training.datagen import read_manifest
+from training.phone_targets import read_targets
 
 
 @dataclass
@@ -22,10 +24,6 @@ class Utterance:
     start: int  # into AudioSet.audio
     samples: int
     phones: list[int] | None = None  # CTC targets (phone_targets.py), when the folder has them
-
-
-def read_manifest(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines() if line.strip()]
 
 
 def _one_thread() -> None:
@@ -44,8 +42,6 @@ class AudioSet:
 
     def __init__(self, folders: list[Path], rate: int, splits: tuple[str, ...] = ("train",),
                  workers: int = 1) -> None:
-        from training.phone_targets import read_targets
-
         rows = [(folder, row) for folder in folders for row in read_manifest(folder) if row["split"] in splits]
         phones = {folder: read_targets(folder) for folder in folders}
         shards = sorted({(str(folder / row["shard"]), row["rate"]) for folder, row in rows})

@@ -101,10 +101,17 @@ def plan(text_path: Path, hours: float, test_utterances: int, n_speakers: int, s
     return [ordered[i : i + shard_items] for i in range(0, len(ordered), shard_items)]
 
 
+MANIFEST = "manifest.jsonl"
+
+
+def read_manifest(folder: Path) -> list[dict]:
+    """The rows `generate` wrote, one per utterance."""
+    return [json.loads(line) for line in (folder / MANIFEST).read_text().splitlines() if line.strip()]
+
+
 def manifest_ids(folders: list[Path]) -> frozenset:
     """Every utterance id of these data folders' manifests."""
-    return frozenset(json.loads(line)["id"] for folder in folders
-                     for line in (folder / "manifest.jsonl").read_text().splitlines() if line.strip())
+    return frozenset(row["id"] for folder in folders for row in read_manifest(folder))
 
 
 def generate(text_path: Path, out: Path, hours: float, test_utterances: int, workers: int,
@@ -134,7 +141,7 @@ def generate(text_path: Path, out: Path, hours: float, test_utterances: int, wor
             if train_seconds >= target and sum(r["split"] != "train" for r in rows) >= held_out:
                 pool.terminate()
                 break
-    with (out / "manifest.jsonl").open("w") as f:
+    with (out / MANIFEST).open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     for stale in (out / "shards").glob("*.tmp.ogg"):  # shards cut short by the stop

@@ -24,6 +24,8 @@ import argparse
 import json
 from pathlib import Path
 
+from training.datagen import read_manifest
+
 BLANK = 0
 NUM_CLASSES = 256  # Piper's ids are < 256 (the joe voice's map has 151 symbols)
 SILENT_SYMBOLS = "_^$ !'(),-.:;?" + "\u02c8\u02cc\u02d0"  # pad, bos, eos, space, punctuation, ˈ ˌ ː
@@ -43,8 +45,6 @@ def phone_sequence(ids: list[int], silent: set[int]) -> list[int]:
 
 def write_targets(text_path: Path, audio_folder: Path, id_map: dict[str, list[int]]) -> int:
     """phones.json for every utterance of the audio folder's manifest; returns the count."""
-    from training.audio_data import read_manifest
-
     silent = silent_ids(id_map)
     by_text = {}
     for line in text_path.read_text().splitlines():

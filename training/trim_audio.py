@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from training.datagen import audio_seconds
+from training.datagen import MANIFEST, audio_seconds, read_manifest
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -29,12 +29,12 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def trim(audio: Path, to: Path, max_bytes: int) -> dict:
-    rows = [json.loads(line) for line in (audio / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_manifest(audio)
     phones_path = audio / "phones.json"
     phones = json.loads(phones_path.read_text()) if phones_path.exists() else None
     shards = sorted({r["shard"] for r in rows})
     # metadata first (an upper bound: the full files), then whole shards while they fit
-    budget = max_bytes - sum((audio / n).stat().st_size for n in ("manifest.jsonl", "phones.json", "speakers.json")
+    budget = max_bytes - sum((audio / n).stat().st_size for n in (MANIFEST, "phones.json", "speakers.json")
                              if (audio / n).exists())
     kept, used = [], 0
     for shard in shards:
@@ -50,7 +50,7 @@ def trim(audio: Path, to: Path, max_bytes: int) -> dict:
     (to / "shards").mkdir(parents=True, exist_ok=True)
     for shard in kept:
         _link_or_copy(audio / shard, to / shard)
-    (to / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_kept))
+    (to / MANIFEST).write_text("".join(json.dumps(r) + "\n" for r in rows_kept))
     if phones is not None:
         ids = {r["id"] for r in rows_kept}
         (to / "phones.json").write_text(json.dumps({k: v for k, v in phones.items() if k in ids}))
