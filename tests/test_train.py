@@ -3,7 +3,7 @@ the data steps, one training step of the codec and of the DualAR model (finite l
 go down on a fixed batch), the training forward against the serving path, checkpoints, and
 the export/load round trip through engine.bundle + engine.generate.
 
-Steps that need the `train` extra (onnxruntime, the Piper voice, espeak-ng) skip without it.
+Steps that need the `training` extra (onnxruntime, the Piper voice, espeak-ng) skip without it.
 """
 
 from __future__ import annotations
@@ -588,7 +588,7 @@ def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path
 
 
 def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_path: Path):
-    """The packaged codec's path (scripts/voice/README.md, "The codec's decoding side fine-tuned"): an
+    """The packaged codec's path (training/recipe/README.md, "Codec", step 4): an
     export of a unit-codes run becomes a state again (`state-from-export`), trains with
     `decoder_only` (its state saved in fp16, as on the GPU machine), and is exported again.
     Every encoding-side tensor of the new export is
@@ -608,7 +608,7 @@ def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_pa
     codec_train.train(data, tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=20, moments=False)
     codec_train.export(codec_train.load_trained(tmp_path / "run")[0], tmp_path / "packaged")  # fp16, as shipped
     codec_train.state_from_export(tmp_path / "packaged", tmp_path / "tune", 20, cfg)
-    # half_params as on the GPU machine (scripts/voice/gpu_codec_ab.sh --half-state): the
+    # half_params as on the GPU machine (training/recipe/gpu_codec.sh --half-state): the
     # frozen side must still come back bit for bit
     codec_train.train(data, tmp_path / "tune", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=40, moments=False,
                       log_every=5, overrides={"decoder_only": True}, half_params=True)
@@ -1025,34 +1025,6 @@ def test_trimmed_audio_keeps_whole_shards_the_held_out_set_and_matching_metadata
     assert total <= meta + 2500
 
 
-def test_codec_diagnosis_decodes_like_the_codec():
-    """scripts/voice/codec_diagnose.py's variants: all codebooks summed by hand decode to
-    the codec's own round trip, and fewer codebooks to something else."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("codec_diagnose", Path("scripts/voice/codec_diagnose.py"))
-    diagnose = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(diagnose)
-    codec = fold_weight_norm_(_codec_trainer().codec).eval()
-    x = torch.randn(1, 4 * CODEC.hop_length) * 0.1
-    with torch.no_grad():
-        out = diagnose.variants(codec, x, [1, codec.num_codebooks])
-        assert torch.allclose(out[f"codebooks:{codec.num_codebooks}"], codec.decode(codec.encode(x)), atol=1e-5)
-        assert torch.equal(out["full"], codec.decode(codec.encode(x)))
-    assert out["unquantized"].shape == out["full"].shape
-    assert not torch.allclose(out["codebooks:1"], out["full"], atol=1e-5)
-    # its spectral figures: zero error and full correlation for the signal itself, less for noise
-    from training.codec_losses import ReconstructionLoss
-
-    loss = ReconstructionLoss(CODEC.sample_rate)
-    t = torch.arange(CODEC.sample_rate // 2) / CODEC.sample_rate
-    speechlike = (torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t)))[None] * 0.1
-    same = diagnose.spectral_errors(loss, speechlike, speechlike)
-    assert all(v == 0 for k, v in same.items() if k.startswith("mel_l1_")) and abs(same["band_time_corr"] - 1) < 1e-5
-    other = diagnose.spectral_errors(loss, torch.randn_like(speechlike) * 0.1, speechlike)
-    assert min(v for k, v in other.items() if k.startswith("mel_l1_")) > 0.1 and other["band_time_corr"] < 0.5
-
-
 def test_step_profile_writes_the_profiled_steps_table(tmp_path: Path):
     """codec_train --profile-steps: the steps in its window run under torch.profiler and
     their operator table lands in the file; steps outside it are not profiled."""
@@ -1066,38 +1038,6 @@ def test_step_profile_writes_the_profiled_steps_table(tmp_path: Path):
     text = (tmp_path / "profile.txt").read_text()
     assert text.startswith("steps 1..2") and "aten::mm" in text
     assert prof.prof is None  # closed after its window
-
-
-# --- pitch and excitation (scripts/voice/phase_probe.py) ----------------------------------
-
-def test_track_f0_finds_the_pitch_of_a_pulse_train_and_no_pitch_in_noise():
-    from training.pitch import track_f0
-
-    rate, hop = 22050, 256
-    t = torch.arange(rate) / rate
-    buzz = sum(torch.sin(2 * math.pi * 150.0 * k * t) / k for k in range(1, 20))
-    hiss = torch.randn(rate, generator=torch.Generator().manual_seed(0))
-    f0, voiced = track_f0(torch.stack([buzz, hiss]) * 0.3, rate, hop)
-    inner = slice(4, -4)
-    assert voiced[0, inner].all() and (f0[0, inner] - 150.0).abs().max() < 2.0
-    assert voiced[1].float().mean() < 0.1
-
-
-def test_pulse_grains_are_cut_from_one_continuous_source():
-    """Consecutive grains agree where they overlap (phase carried across frames), each
-    grain has unit power, and the streaming state (the phase after the last frame)
-    continues the same source."""
-    from training.excitation import frame_phases, pulse_grains
-
-    rate, hop, window = 22050, 256, 1024
-    f0 = torch.full((6,), 123.0)
-    starts, end = frame_phases(f0, rate, hop)
-    grains = pulse_grains(f0, starts, rate, window, offset=0)
-    assert torch.allclose(grains[0, hop:], grains[1, :-hop], atol=1e-3)
-    assert abs(float(grains.pow(2).mean()) - 1.0) < 0.05
-    later, _ = frame_phases(f0[:3], rate, hop, phase0=end)
-    again, _ = frame_phases(torch.full((9,), 123.0), rate, hop)
-    assert torch.allclose(torch.cos(later), torch.cos(again[6:]), atol=1e-4)
 
 
 def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor(capsys):

@@ -5,7 +5,7 @@ and the ones a run ends on when its last window is worse.
 Why: a codec run on the H200 (istft decoder, 2026-12-01) reached a window mel of 0.31 at
 step ~3,400, then its gradient norm climbed from ~10 to ~120 over 600 steps while the
 learning rate decayed, and it ended at step 4,156 with 0.44-0.48: the exported codec was
-the diverged one (scripts/voice/README.md)."""
+the diverged one."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@
 
     python -m training.evaluate --model runs/voice --data data/voice/audio --out runs/eval.json
 
-scripts/voice/evaluate.py adds the service path (WebSocket, streamed).
+training/recipe/evaluate.py adds the service path (WebSocket, streamed).
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ Or over steps (`--total-steps N`, a plan of N steps from the step it starts at, 
 the checkpoint too): where the step rate is not steady, minutes end the cosine after
 another number of steps than the same plan ran elsewhere. Measured: the 2026-12-05 codec
 fine-tune ran at 0.85 steps/s alone on the CPU machine and at 0.08 beside other work, so
-its 60-minute cosine would have been 2,900 steps or ~290 (scripts/voice/run-2026-12-05
-reproduced it by steps with a wrapper, which this replaces)."""
+its 60-minute cosine would have been 2,900 steps or ~290."""
 
 from __future__ import annotations
 

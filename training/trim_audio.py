@@ -1,5 +1,5 @@
 """`python -m training.trim_audio --audio A --to B --max-mb 48`: a smaller copy of a
-teacher-data folder (scripts/voice/make_data.sh's `audio/`), for a GPU call that must
+teacher-data folder (training/recipe/make_data.sh's `audio/`), for a GPU call that must
 carry something beside it in its 64 MiB upload: a resumed codec run carries its state.
 
 Whole shards are kept in order, as many as fit the budget with the metadata: the first

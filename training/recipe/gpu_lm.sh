@@ -26,7 +26,7 @@ for arm in $ARMS; do
     if [ -d "$STATE" ]; then cp -r "$STATE" $W/state; fi
     sets=()
     if [ "$arm" != none ]; then for kv in ${arm//,/ }; do sets+=(--set "$kv"); done; fi
-    python3 -m engine.train.lm_train train --codes "$CODES" --out $W --minutes "$MINUTES" \
+    python3 -m training.lm_train train --codes "$CODES" --out $W --minutes "$MINUTES" \
         --total-minutes "$TOTAL_MINUTES" "${sets[@]}" ${LM_ARGS:-} > $W/stderr.txt 2>&1 &
     n=$((n + 1))
 done

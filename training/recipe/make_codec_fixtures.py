@@ -1,9 +1,9 @@
 """Teacher clips for tests/test_default_codec.py: four plain sentences (never in
-training: engine/train/plain_sentences.txt, lines 13-16), two by the teacher (speaker 0),
+training: training/plain_sentences.txt, lines 13-16), two by the teacher (speaker 0),
 two by pseudo-speaker 4, as Ogg Opus at 32 kbit/s (the data's own format) with a JSON
 index. Needs the `train` extra (Piper teacher, espeak-ng).
 
-    python scripts/voice/make_codec_fixtures.py      # writes tests/fixtures/voice/plain-*.ogg, plain.json
+    python training/recipe/make_codec_fixtures.py      # writes tests/fixtures/voice/plain-*.ogg, plain.json
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.train.corpus import plain_sentences
-from engine.train.opus_io import OggOpusWriter
-from engine.train.phonemes import Espeak, phoneme_ids
-from engine.train.speakers import SPEAKERS
-from engine.train.teacher import PiperVoice
+from training.corpus import plain_sentences
+from training.opus_io import OggOpusWriter
+from training.phonemes import Espeak, phoneme_ids
+from training.speakers import SPEAKERS
+from training.teacher import PiperVoice
 
 OUT = Path(__file__).parents[2] / "tests/fixtures/voice"
 PLAIN = [item["text"] for item in plain_sentences()]

@@ -1,9 +1,9 @@
-"""The voice's benchmark: engine.train.evaluate (teacher, codec round trip, engine path,
+"""The voice's benchmark: training.evaluate (teacher, codec round trip, engine path,
 cloning, CPU speed) plus the full service path: the model served by `python -m realtime`'s
 app in this process, one WebSocket connection, each held-out plain sentence sent as text +
 flush and the streamed PCM scored with pocketsphinx; TTFA and real-time factor of that path.
 
-    python scripts/voice/evaluate.py --model runs/voice --data .carry/voice/audio --out runs/voice/eval.json
+    python training/recipe/evaluate.py --model runs/voice --data .carry/voice/audio --out runs/voice/eval.json
 
 Run it on the 2-core CPU machine: the CPU gates (real-time factor, TTFA) are defined there.
 """
@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.train import evaluate as ev  # noqa: E402
-from engine.train.presets import SAMPLE_RATE  # noqa: E402
+from training import evaluate as ev  # noqa: E402
+from training.presets import SAMPLE_RATE  # noqa: E402
 
 
 def _free_port() -> int:
@@ -35,18 +35,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_service(model: str, voices_dir: Path, prefill_second_frame: bool = True):
+def start_service(model: str, voices_dir: Path):
     """The service app on a free localhost port in a background thread; returns (url, server)."""
     import uvicorn
 
     from engine.bundle import load_bundle
-    from engine.engine import Engine, EngineConfig
+    from engine.engine import Engine
     from realtime.app import build_app
     from realtime.config import ServiceConfig
 
     port = _free_port()
-    config = ServiceConfig(port=port, model=model, device="cpu", voices_dir=voices_dir, demo_page=False,
-                           engine=EngineConfig(prefill_second_frame=prefill_second_frame))
+    config = ServiceConfig(port=port, model=model, device="cpu", voices_dir=voices_dir, demo_page=False)
     app = build_app(config, Engine(load_bundle(model, "cpu"), config.engine))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
                                            ws="websockets-sansio", log_level="warning", lifespan="on"))
@@ -91,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--service-only", action="store_true",
                    help="only the service path (a few minutes: e.g. after a change to the service)")
-    p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
-                   help="the service's --no-prefill-second-frame (an A/B baseline of the service path)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     report = {} if args.service_only else ev.evaluate(args.data, args.model, None, args.limit, args.sentences,
@@ -100,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        args.clone_min_reference_seconds)
     held = ev.HeldOut.load(args.data, SAMPLE_RATE, args.limit)
     with tempfile.TemporaryDirectory() as voices:
-        url, server = start_service(args.model, Path(voices), args.prefill_second_frame)
+        url, server = start_service(args.model, Path(voices))
         try:
             report["service"] = asyncio.run(service_path(url, held.split("plain")[: args.service_sentences],
                                                          ev.Recognizer()))
