@@ -348,34 +348,16 @@ def test_head_phase_loss_scores_phase_derivatives_not_wraps_or_offsets():
     assert phases[-1] < phases[0] - 0.05, phases
 
 
-def test_bypassed_quantizer_decodes_the_unquantized_latent():
-    """CodecTrainConfig.bypass_quantizer (the autoencoder-ceiling experiment): the decoder
-    gets the latent itself, so the output is what the codec's own decoder makes of the
-    unquantized latent, and none of the quantizers' losses reach the encoder."""
-    trainer = _codec_trainer()
-    x = torch.randn(1, 4 * CODEC.hop_length) * 0.1
-    with torch.no_grad():
-        quantized, _ = trainer(x)
-        trainer.bypass_quantizer = True
-        bypassed, _ = trainer(x)
-        q = trainer.codec.quantizer
-        direct = trainer.codec.decoder(q.upsample(q.post_module(trainer._latent(x))))[:, 0]
-    assert torch.allclose(bypassed, direct, atol=1e-6) and not torch.allclose(bypassed, quantized, atol=1e-4)
-    _, vq = trainer(x)
-    (vq.commitment + vq.entropy + vq.spread).backward()
-    assert all(p.grad is None or not p.grad.any() for p in trainer.codec.encoder.parameters())
-
-
 def test_config_sets_parse_each_field_by_its_type():
     from training.checkpoints import config_sets
     from training.codec_train import CodecTrainConfig
     from training.lm_train import LMTrainConfig
 
-    sets = config_sets(CodecTrainConfig, ["lr=1e-3", "warmup=200", "bypass_quantizer=0", "phone_weight=0"])
-    assert sets == {"lr": 1e-3, "warmup": 200, "bypass_quantizer": False, "phone_weight": 0.0}
-    assert config_sets(CodecTrainConfig, ["bypass_quantizer=true"]) == {"bypass_quantizer": True}
+    sets = config_sets(CodecTrainConfig, ["lr=1e-3", "warmup=200", "unit_codes=0", "phone_weight=0"])
+    assert sets == {"lr": 1e-3, "warmup": 200, "unit_codes": False, "phone_weight": 0.0}
+    assert config_sets(CodecTrainConfig, ["unit_codes=true"]) == {"unit_codes": True}
     assert config_sets(LMTrainConfig, ["guide_layers=[1,2]"]) == {"guide_layers": (1, 2)}
-    for bad in (["bypass_quantizer=maybe"], ["warmup=2.5"], ["no_such_field=1"], ["lr"], ["guide_layers=3"]):
+    for bad in (["unit_codes=maybe"], ["warmup=2.5"], ["no_such_field=1"], ["lr"], ["guide_layers=3"]):
         cls = LMTrainConfig if "guide" in bad[0] else CodecTrainConfig
         with pytest.raises(ValueError, match="--set"):
             config_sets(cls, bad)

@@ -150,17 +150,13 @@ class CodecTrainer(nn.Module):
     """Wraps a `Codec` for training: forward(audio) -> (reconstruction, VQOut)."""
 
     def __init__(self, codec: Codec, quantizer_dropout: float = 0.5, restart_every: int = 50,
-                 bypass_quantizer: bool = False, unit_codes: bool = False) -> None:
+                 unit_codes: bool = False) -> None:
         super().__init__()
         self.codec = codec
         # codes at unit length (_quantize); the export then stores the rows normalized
         # (normalize_codebooks_), which is what the codec was trained to decode
         self.unit_codes = unit_codes
         self.quantizer_dropout = quantizer_dropout
-        # an experiment, not a codec: the decoder gets the unquantized latent and the
-        # quantizers' losses do not reach the encoder, so a run measures what the encoder
-        # and decoder can reconstruct at this size with no bits limit
-        self.bypass_quantizer = bypass_quantizer
         self.restart_every = restart_every
         vqs = self.vqs()
         # codes used since the last restart check, per codebook (not part of the codec)
@@ -201,9 +197,7 @@ class CodecTrainer(nn.Module):
         z = self._latent(audio)
         codes, z_sum = [], 0.0
         commitment, codebook, entropy, spread = (z.new_zeros((), dtype=torch.float32) for _ in range(4))
-        # bypassed: the quantizers still see (and follow) the latent, but none of their
-        # losses reach the encoder
-        residual = z.detach() if self.bypass_quantizer else z
+        residual = z
         keep = self._kept_codebooks(audio.shape[0], audio.device)  # [B, n_vq] bool
         for i, vq in enumerate(self.vqs()):
             c, zq, commit, book, ent, spr, latent = _quantize(vq, residual, self.unit_codes)
@@ -213,8 +207,6 @@ class CodecTrainer(nn.Module):
             residual = residual - zq
             codes.append(c)
             commitment, codebook, entropy, spread = commitment + commit, codebook + book, entropy + ent, spread + spr
-        if self.bypass_quantizer:
-            z_sum = z
         decoder_in = q.upsample(q.post_module(z_sum))
         head_log_magnitude = head_phase = None
         if isinstance(self.codec.decoder, SpectralDecoder):
