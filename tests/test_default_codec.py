@@ -1,9 +1,9 @@
 """The packaged codec of the default voice (engine/assets/default/codec.pth, issue 6) keeps
 the words: the fast subset of its round-trip gate (the full one: `python -m
-engine.train.evaluate --codec engine/assets/default --data <teacher data> --limit 30`).
+training.evaluate --codec engine/assets/default --data <teacher data> --limit 30`).
 
 Teacher clips of held-out plain sentences and of Austen sentences (tests/fixtures/voice,
-never in training; scripts/voice/make_codec_fixtures.py made the plain ones) are encoded
+never in training; training/recipe/make_codec_fixtures.py made the plain ones) are encoded
 and decoded on the CPU, offline and through the engine's streaming decoder in the chunk
 sizes the codec worker uses, and pocketsphinx scores each beside the teacher itself. A
 decode path that produces garbage at full speed (here: the codebooks in the wrong order)
@@ -23,7 +23,7 @@ from engine.audio import load_audio
 from engine.bundle import DEFAULT_FOLDER
 from engine.codec.loader import load_codec
 from engine.codec.streaming import StreamingDecoder
-from engine.train.evaluate import WER, Recognizer
+from training.evaluate import WER, Recognizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "voice"
 CODEC = DEFAULT_FOLDER / "codec.pth"

@@ -1,5 +1,5 @@
 """The embedded default voice (engine/assets/default) really speaks: the fast subset of the
-voice's quality gates (issue 6; the full benchmark is scripts/voice/evaluate.py).
+voice's quality gates (issue 6; the full benchmark is training/recipe/evaluate.py).
 
 What a user would notice, on the CPU, with the shipped weights:
 - `--model default` is the trained voice, inside the 40 MB budget, with its model card;
@@ -27,8 +27,8 @@ from engine.audio import load_audio, resample
 from engine.bundle import DEFAULT_FOLDER, load_bundle
 from engine.generate import Synthesizer
 from engine.prompt import Voice
-from engine.train.corpus import plain_sentences
-from engine.train.evaluate import ASR_RATE, FEATURE_RATE, WER, Recognizer, pitch_semitones, synthesize
+from training.corpus import plain_sentences
+from training.evaluate import ASR_RATE, FEATURE_RATE, WER, Recognizer, pitch_semitones, synthesize
 from server import running_server
 
 # Until a trained voice is packaged (issue 6), `default` is the random `tiny` preset, which
@@ -149,11 +149,11 @@ def test_every_reply_ends_with_the_audio_the_codec_held_back(tmp_path, bundle):
 
 
 def test_cloning_references_of_a_minimum_length_are_chosen_deterministically():
-    """engine.train.evaluate.clone_references (the benchmark's --clone-min-reference-seconds):
+    """training.evaluate.clone_references (the benchmark's --clone-min-reference-seconds):
     the same targets as clone_trials; from each trial's usual reference onward, the first one
     or two consecutive utterances of its speaker that total the minimum, never the target
     sentence; S = 0 is clone_trials' single reference. No model runs here."""
-    from engine.train.evaluate import HeldOut, Item, clone_references, clone_trials
+    from training.evaluate import HeldOut, Item, clone_references, clone_trials
 
     rate = 100
     seconds = [1.0, 4.0, 2.0, 6.0]  # one speaker; texts < 60 characters, so every text is a target

@@ -58,8 +58,7 @@ class CodecConfig:
     # "istft" only: hops by which a head frame's window starts before its own hop. A frame
     # sees the latent up to its own hop, so with 0 the window's later hops (up to
     # istft_window - 1 of them, most of its weight) are audio the codes for it have not
-    # described yet: ~1.5 hops in every code frame of 4 are guessed (scripts/voice/README.md,
-    # "The blind hops"). istft_window - 1 removes the guess; the offline decode is then
+    # described yet: ~1.5 hops in every code frame of 4 are guessed. istft_window - 1 removes the guess; the offline decode is then
     # advanced to stay aligned, and a stream (engine/codec/streaming.py) lags its codes by
     # this many hops.
     istft_lookahead: int = 0

@@ -158,7 +158,7 @@ class SpectralHead(nn.Module):
         window hann * 2 / window_hops). hann^2 summed over window_hops >= 3 shifts is
         3 / 8 x window_hops, so a = hann / 0.75; at 2 hops Hann alone sums to 1, so a = 1
         (1 hop has no such window: a = 1 there too). Training's head-spectrum loss takes
-        its targets under it (engine/train/codec_losses.frame_log_magnitude)."""
+        its targets under it (training/codec_losses.frame_log_magnitude)."""
         if self.window_hops >= 3:
             return torch.hann_window(self.n_fft, periodic=True, device=device) / 0.75
         return torch.ones(self.n_fft, device=device)
