@@ -1,5 +1,5 @@
 """kernels/gemv.py (the small-batch linear layer) against its PyTorch reference over odd
-shapes, its launcher's checks, and the engine's use of it (engine/small_batch.py): the
+shapes, its launcher's checks, and the engine's use of it (engine/linear.py): the
 same greedy frames with and without it. CPU under the Triton interpreter; GPU-marked
 tests at the S2-Pro shapes."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.small_batch import GEMV_MAX_ROWS
+from engine.kernel_plan import GEMV_MAX_ROWS, KernelPlan, gemv_shapes, head_shapes
 from kernels.fp8_gemm import fp8_linear_reference
 from kernels.fp8_quant import quantize_weight
 from kernels.gemv import MAX_M, GemvConfig, gemv, gemv_reference
@@ -155,9 +155,8 @@ def frames_with_and_without_gemv(dtype=torch.float32, steps: int = 4) -> list[li
     out = []
     for on in (False, True):
         bundle = load_bundle("tiny", DEVICE, dtype)
-        runner = Runner(bundle, max_running=3, max_len=128, cuda_graphs=False, attention_kernel=DEVICE == "cuda",
-                        step_kernels=True, gemv=on)
-        assert runner.gemv is on
+        plan = KernelPlan(attention=DEVICE == "cuda", step=True, gemv=on)
+        runner = Runner(bundle, max_running=3, max_len=128, plan=plan, cuda_graphs=False)
         prompt = bundle.prompts.segment("Hello there.")
         frames = []
         for slot in range(3):
@@ -178,23 +177,25 @@ def test_the_engine_gives_the_same_greedy_frames_with_the_gemv():
         assert torch.equal(a, b)
 
 
-def test_use_gemv_routes_every_layer_and_turns_off():
+def test_the_plan_routes_every_linear_layer_and_head_of_one_row():
+    """The shapes the start-up self-check runs the GEMV at are every layer a one-row step
+    routes through it (each block's wqkv, wo, stacked gate/up and down projection, the
+    fast input projection), the down projections last, and both heads."""
     from engine.bundle import load_bundle
-    from engine.layers import FeedForward
-    from engine.small_batch import GemvLinear, use_gemv_
 
     model = load_bundle("tiny", "cpu", torch.float32).model
     for block in [*model.layers, *model.fast_layers]:
         block.feed_forward.fuse_gate_up_()
-    use_gemv_(model, 4)  # any limit up to the kernel's MAX_M
-    routed = [m for m in model.modules() if isinstance(m, GemvLinear)]
-    blocks = len(model.layers) + len(model.fast_layers)
-    assert len(routed) == 4 * blocks + hasattr(model, "fast_project_in")  # the heads: head_logits
-    assert model.gemv_rows == 4
-    assert all(isinstance(b.feed_forward, FeedForward) and b.feed_forward.w2.max_rows == 4
-               for b in [*model.layers, *model.fast_layers])
-    use_gemv_(model, 0)
-    assert model.gemv_rows == 0 and all(m.max_rows == 0 for m in routed)
+    shapes = gemv_shapes(model)
+    downs = {tuple(b.feed_forward.w2.weight.shape) for b in [*model.layers, *model.fast_layers]}
+    assert set(shapes[-len(downs):]) == downs
+    for block in [*model.layers, *model.fast_layers]:
+        for layer in (block.attention.wqkv, block.attention.wo, block.feed_forward.w13):
+            assert tuple(layer.weight.shape) in shapes
+    assert head_shapes(model) == sorted({tuple(model.head_weight.shape), tuple(model.fast_output.weight.shape)})
+    plan = KernelPlan(gemv=True)
+    assert plan.gemv_rows(torch.zeros(1, 1, 8)) and not plan.gemv_rows(torch.zeros(2, 8))
+    assert not KernelPlan().gemv_rows(torch.zeros(1, 8))
 
 
 @pytest.mark.gpu

@@ -114,14 +114,15 @@ def test_decode_step_with_the_fused_kernel_gives_the_same_frames(kv_quant):
     decode attention) against the PyTorch path: the same greedy frames, batch of 3, with
     either KV layout."""
     from engine.bundle import load_bundle
+    from engine.kernel_plan import KernelPlan
     from engine.runner import Runner
     from engine.sampling import SamplingParams
 
     frames = []
     for fused in (False, True):
         bundle = load_bundle("tiny", DEVICE, torch.float32)
-        runner = Runner(bundle, max_running=3, max_len=128, cuda_graphs=False, attention_kernel=fused, fused_qkv=fused,
-                        kv_quant=kv_quant)
+        runner = Runner(bundle, max_running=3, max_len=128, plan=KernelPlan(attention=fused, fused_qkv=fused),
+                        kv_quant=kv_quant, cuda_graphs=False)
         prompt = bundle.prompts.segment("Hello there.")
         for slot in range(3):
             runner.prefill_segment(slot, 8 * slot, prompt, SamplingParams(temperature=0.0))
