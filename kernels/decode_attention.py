@@ -34,12 +34,9 @@ once per step) and a register-resident broadcast product spilled.
 FP8 caches (uint8 [rows, L, K, D + 16], kernels/kv_fp8.py) are read as they are: the e4m3
 codes go to fp16 exactly (one conversion instruction per pair), the dots run in fp16,
 each key's scale multiplies its scores and each value's scale its values in registers,
-so nothing is dequantized through memory and the kernel reads 0.56x the bytes. At the
-launch choices first used (Triton's default warps) it was not faster for that: on an
-H200 the batch-64 step at context 1000 took 10.57 ms against 9.96 with the bf16 cache
-(kernels/FP8_NOTES.md). With two warps and three stages (`launch_choice`) the kernel
-alone reads the FP8 cache in 63.3 us against the bf16 cache's 68.2 at its best choice,
-and the batch-64 step takes 9.45 ms against 9.77. fp16 holds values up to 65504 and
+so nothing is dequantized through memory and the kernel reads 0.56x the bytes; with
+`launch_choice`'s large-batch launch that makes the batch-64 step slightly faster
+(latency_bench/RESULTS.md, '`--kv-quant fp8`'). fp16 holds values up to 65504 and
 scales down to 2^-24 exactly, far outside what attention values reach; a head of values
 all below ~1e-5 would read as zeros.
 """

@@ -9,14 +9,9 @@
 A frame has at most C positions (one per codebook, 10 for S2-Pro), so a KV head's keys
 fit in registers: one program per (row, KV head) loads them once for the query heads
 that share them, takes a softmax in fp32 and the weighted sum, with no tensor cores and
-no split. On an H200 at batch 64 a call took 8.4 us with 4 warps (one program per query
-head took 13.7, as long as flash attention); at batch 1, 4.0 us (one per query head: 2.7,
-more programs for 8 KV heads; flash attention 5.5). The warps a program now follow the
-grid (`warps_for`): one warp from batch ~50 at 8 KV heads, 1.6x faster there on an H100
-(7.4 -> 4.5 us a call, ~0.11 ms of a batch-54 step). It replaces
-PyTorch's scaled_dot_product_attention (flash attention, 128-position tiles for a
-handful of keys): 40 calls a decode step at the s2-pro shape, 0.22 ms at batch 1 and
-0.55 ms at batch 64 on an H200 (latency_bench/profile_step.py).
+no split; the warps a program follow the grid (`warps_for`). It replaces PyTorch's
+scaled_dot_product_attention, whose flash attention tiles 128 positions for a handful of
+keys (40 calls a decode step at the s2-pro shape; latency_bench/profile_step.py).
 
 `fast_attention_reference` is the same function in plain PyTorch (fp32 math).
 """

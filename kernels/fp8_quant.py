@@ -55,6 +55,15 @@ GROUPS_PER_PROGRAM = 4
 # --- activations -----------------------------------------------------------------------
 
 @triton.jit
+def _quantize_groups(x, q_row, s_row, stride_sg, offs_g, offs_k, k_ok, NUM_GROUPS, SOFT_ROUND: tl.constexpr):
+    """x [G, 128] fp32 (zeros past the edge) -> codes and scales of one row's groups."""
+    scale, inv = scale_and_inverse(tl.max(tl.abs(x), axis=1))
+    q = to_e4m3(x * inv[:, None], SOFT_ROUND)
+    tl.store(q_row + offs_k, q, mask=k_ok)
+    tl.store(s_row + offs_g * stride_sg, scale, mask=offs_g < NUM_GROUPS)
+
+
+@triton.jit
 def _quant_act_kernel(
     x_ptr, q_ptr, s_ptr,
     K, NUM_GROUPS, stride_xm, stride_qm, stride_sm, stride_sg,

@@ -8,10 +8,9 @@ Stored as e4m3 with one scale per (position, KV head), the same bytes take half 
 Layout. A packed cache is uint8 [rows, L, K, Dh + 16]: for each (row, position, head),
 Dh bytes of e4m3 codes, then the fp32 scale in the next 4 bytes (little-endian, as the
 GPU and the CPU store it) and 12 bytes of padding. The padding keeps every head's codes
-16-byte aligned, so the kernels load them in 16-byte vectors: with the scale alone
-(Dh + 4 = 132 bytes a head) the heads sat 4 bytes out of line, and on an H200 the decode
-step at batch 64 got slower, not faster (10.67 against 8.61 ms at context 400, 14.33
-against 9.95 at 1000; FP8 weights in both). One tensor per cache keeps every consumer of the bf16 layout
+16-byte aligned, so the kernels load them in 16-byte vectors (with the scale alone,
+Dh + 4 bytes a head, the heads sat 4 bytes out of line and the FP8 step was slower than
+bf16's). One tensor per cache keeps every consumer of the bf16 layout
 (slot copies of the voice prefix cache, the scratch row, index_copy_ writes) unchanged;
 only the code that writes new keys and values and the code that reads them know of the
 codes. Two views name the parts (`kv_views`): the codes as float8_e4m3fn [.., Dh + 16]

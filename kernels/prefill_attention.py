@@ -1,13 +1,11 @@
 """Prefill attention over a slot-indexed KV cache: a block of one stream's new positions
 per program (flash-attention forward, causal, grouped-query).
 
-The batched segment prefill (engine/attention.py, BatchPrefillMeta with the kernel) first
-ran each new position as its own decode query (kernels/decode_attention.py): every query
-read its stream's whole context on its own, so a batch of 16 segments x 40 positions at
-a ~700-position context read each stream's KV ~40 times (from L2 at best) in ~10,000
-programs per layer. Here a program takes BLOCK_Q consecutive new positions of one
-stream and the G query heads of one KV head (BLOCK_Q x G rows of one tl.dot) and reads
-each KV block once for all of them.
+A program takes BLOCK_Q consecutive new positions of one stream and the G query heads of
+one KV head (BLOCK_Q x G rows of one tl.dot) and reads each KV block once for all of
+them, where a decode query per new position reads the stream's whole KV once per
+position (latency_bench/RESULTS.md, 'Cascade decode attention and the blocked prefill
+attention').
 
     q        [B, S, H, D]        the new positions' queries (after RoPE), right-padded
     k_cache  [rows, L, K, D]     position-major KV rows (engine/kv_cache.py), already

@@ -8,22 +8,19 @@ for the semantic token the end-of-speech block and repetition-aware resampling (
     -> token     [B] int64
 
 The same function as engine/sampling.py's `sample_codebook` / `sample_semantic` without a
-repetition penalty (S2 models use none), draw for draw: candidates in descending logit
-order (ties by lower id), each dropped once the cumulative probability including it
+repetition penalty (S2 models use none), draw for draw (`sample_tokens_reference` is it in
+PyTorch, tested equal to them): candidates in descending logit order (ties by lower id), each dropped once the cumulative probability including it
 exceeds top_p or its rank reaches top_k (the first always stays), scores logit /
 temperature plus the Gumbel noise of (seed, frame, draw, rank), the argmax wins; greedy
 rows (temperature 0) take the top candidate. The noise is made here from the same hash
 as `gumbel_noise`, so no noise tensor goes through memory.
 
-In PyTorch a draw is torch.topk (sorting 128 candidates out of 4,096: 29 us on an H200
-at batch 1) and ~20 small kernels; 11 draws a frame at the S2 shape came to ~0.65 ms of a
-7.3 ms decode step at batch 1 (latency_bench/profile_step.py). Here one program per row
-does the draw, one of two ways (the same draws):
+In PyTorch a draw is torch.topk and ~20 small kernels, 11 draws a frame at the S2 shape
+(latency_bench/profile_step.py). Here one program per row does the draw, one of two ways
+(the same draws; latency_bench/RESULTS.md, 'A sampled draw from gathered candidates'):
 - the walk: the candidates from the top, one max-reduction over the whole row each,
   stopping at the first that top-k or top-p drops (for RAS, once both draws have
-  stopped): as many dependent reductions as live candidates, up to top_k. Over flat
-  logits (random weights) that was 30 of them, ~20 us a draw on an H200 at any batch
-  (the step profile: 10 draws, 0.2 ms of a 6.2 ms step at batch 1);
+  stopped): as many dependent reductions as live candidates, up to top_k;
 - gathered (the default for sampled rows): every key at or above the top_k-th largest of
   128 group maxima (a superset of the top_k candidates; ~34 of 4,096 for flat logits at
   top_k 30) goes to a few scratch slots of the row, is sorted there, and the draw is

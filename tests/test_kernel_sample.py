@@ -11,7 +11,7 @@ from engine.sampling import (
     MAX_TOP_K, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P, SamplingParams, SamplingTensors, frame_gumbel,
     sample_codebook, sample_semantic,
 )
-from kernels.sample import sample_tokens
+from kernels.sample import DrawParams, sample_tokens, sample_tokens_reference, self_check
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SETTINGS = [  # temperature, top_p, top_k (0 = off), seed, allow_end, ras
@@ -148,3 +148,30 @@ def test_gathered_draws_are_the_walks(vocab, semantic):
         walked = sample_tokens(logits, params, step, draw, MAX_TOP_K, *extra, gather=False)
         assert torch.equal(sample_tokens(logits, params, step, draw, MAX_TOP_K, *extra), walked), trial
     assert paths == {True, False}
+
+
+def test_the_kernels_own_reference_draws_what_the_engine_draws():
+    """kernels/sample.py's PyTorch reference (what the self-check compares against, with
+    no engine import) is engine/sampling.py's draw, token for token."""
+    params, b = params_for(SETTINGS), len(SETTINGS)
+    g = torch.Generator().manual_seed(2)
+    for trial in range(4):
+        logits = (torch.randn(b, 257, generator=g) * (0.5 + trial)).to(DEVICE)
+        step = torch.randint(0, 10_000, (b,), generator=g).to(DEVICE)
+        window = torch.randint(-1, 256, (b, 10), generator=g, dtype=torch.int32).to(DEVICE)
+        window[:, 3] = logits[:, :-1].argmax(-1).int()
+        noise = frame_gumbel(params, step, 3)
+        want = sample_codebook(logits, params, window, step, 2, noise[:, 2], penalize=False)
+        assert torch.equal(sample_tokens_reference(logits, params, step, 2, MAX_TOP_K), want), trial
+        want = sample_semantic(logits, params, window, step, 256, noise[:, 0], noise[:, 3], penalize=False)
+        got = sample_tokens_reference(logits, params, step, 0, MAX_TOP_K,
+                                      (window, 256, RAS_DRAW, RAS_TEMPERATURE, RAS_TOP_P))
+        assert torch.equal(got, want), trial
+
+
+def test_the_self_check_passes_and_takes_its_own_params():
+    assert self_check(DEVICE, 300, 257, MAX_TOP_K) is None
+    p = params_for(SETTINGS[:2])
+    own = DrawParams(p.temperature, p.top_p, p.top_k, p.seed, p.allow_end, p.ras)
+    logits, step = torch.randn(2, 300, device=DEVICE), torch.zeros(2, dtype=torch.long, device=DEVICE)
+    assert torch.equal(sample_tokens(logits, own, step, 1, MAX_TOP_K), sample_tokens(logits, p, step, 1, MAX_TOP_K))
