@@ -21,7 +21,7 @@ shape only), so a row's output does not depend on its batch. Measured on an H200
 (latency_bench/gemv_bench.py; README, "Single-stream decode through a GEMV"): 1.1-1.3x
 cuBLAS at M = 1 on the S2-Pro layers, but slower from M = 2 on (each further row is a
 whole pass of FMAs and of x's processing per tile, where tensor cores take it for free),
-so the engine routes single rows only (engine/small_batch.py).
+so the engine routes single rows only (engine/linear.py).
 
 e4m3 weights (the FP8 path) are dequantized in registers: a tile never straddles a
 128 x 128 scale block (BLOCK_N divides 128, BLOCK_K is a multiple of 128 or divides it),
@@ -274,7 +274,7 @@ def self_check(device: torch.device | str, dtype: torch.dtype, shapes: list[tupl
                max_rows: int = MAX_M, logits_shapes: list[tuple[int, int]] = (), *, pdl: bool = False) -> str | None:
     """None if the kernel compiles here and matches its reference at each (N, K) for
     M = 1..max_rows (and with swiglu at the last shape), and at each of `logits_shapes`
-    with an fp32 output (the sampling heads: engine/small_batch.py head_logits), else why
+    with an fp32 output (the sampling heads: engine/linear.py head_logits), else why
     not."""
     g = torch.Generator(device=device).manual_seed(0)
     cases = [((n, k), i == len(shapes) - 1, None) for i, (n, k) in enumerate(shapes)]

@@ -38,7 +38,6 @@ from latency_bench.kernel_bench import (HBM_BYTES_PER_S, SHAPES, SMOKE_SHAPES, S
                                         copies_for, make_weights)
 
 SWEEP_MS = [1, 2, 4]
-PDL_MODES = ("off", "on")
 WRONG_RESULT_TOL = 2e-2  # bf16 rounding is ~4e-3 relative; a wrong tile or scale is > 0.3
 
 
@@ -283,9 +282,6 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=14, help="compile processes for --sweep")
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--write-configs", action="store_true", help="--sweep: write the table into kernels/gemv_configs.py")
-    p.add_argument("--pdl", default="off",
-                   help="comma-separated launch modes the comparison and the MLP run in, one after another (GPU): off "
-                        "(one launch after another), on (programmatic dependent launch, kernels/pdl.py)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="out/gemv_bench")
     a = p.parse_args(argv)
@@ -316,27 +312,14 @@ def main(argv=None) -> int:
 
             importlib.reload(gemv_configs)
             tuned_module.TUNED = gemv_configs.TUNED
-    from kernels import pdl
-
-    pdl_modes = a.pdl.split(",")
-    if any(mode not in PDL_MODES for mode in pdl_modes):
-        p.error(f"--pdl takes {', '.join(PDL_MODES)}, got {a.pdl}")
-    if pdl_modes != ["off"] and (why := pdl.supported(device)):
-        p.error(f"--pdl {a.pdl}: {why}")
-    for mode in pdl_modes:
-        with pdl.launching(mode == "on"):
-            key = "" if mode == pdl_modes[0] else f"pdl_{mode}_"
-            print(f"launches: PDL {mode}")
-            rows = compare(timer, shapes, ms, a.smoke)
-            results[key + "rows"] = rows
-            print(compare_table(rows))
-            mlp = results[key + "mlp"] = bench_mlp(timer, *((256, 384) if a.smoke else (2560, 9728)), a.smoke)
-            mlp["pdl"] = mode
-            u = mlp["us"]
-            print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: gemv fp8 {u['gemv_fp8']:.1f} us, pre-quantized "
-                  f"{u['gemv_fp8_prequant']:.1f} us (target <= 26, floor {mlp['fp8_floor_us']:.1f}), gemv bf16 {u['gemv_bf16']:.1f} us, cuBLAS bf16 {u['cublas_bf16']:.1f} us "
-                  f"(bf16 floor {mlp['bf16_floor_us']:.1f})")
-    results["pdl_modes"] = pdl_modes
+    rows = compare(timer, shapes, ms, a.smoke)
+    results["rows"] = rows
+    print(compare_table(rows))
+    mlp = results["mlp"] = bench_mlp(timer, *((256, 384) if a.smoke else (2560, 9728)), a.smoke)
+    u = mlp["us"]
+    print(f"MLP {mlp['dim']} -> 2x{mlp['hidden']} -> {mlp['dim']}, M=1: gemv fp8 {u['gemv_fp8']:.1f} us, pre-quantized "
+          f"{u['gemv_fp8_prequant']:.1f} us (target <= 26, floor {mlp['fp8_floor_us']:.1f}), gemv bf16 {u['gemv_bf16']:.1f} us, cuBLAS bf16 {u['cublas_bf16']:.1f} us "
+          f"(bf16 floor {mlp['bf16_floor_us']:.1f})")
     write_json(Path(a.out) / "gemv_bench.json", results)
     print(f"wrote {Path(a.out) / 'gemv_bench.json'}")
     return 0

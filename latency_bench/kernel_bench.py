@@ -169,8 +169,12 @@ def bench_shape(timer: Timer, shape: Shape, ms: list[int], smoke: bool) -> list[
 # --- the MLP block ----------------------------------------------------------------------
 
 def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
+    from engine.kernel_plan import KernelPlan
     from engine.layers import FeedForward
     from engine.quant import FP8FeedForward
+    from kernels import pdl
+
+    FP8, FP8_PDL = KernelPlan(fp8=True), KernelPlan(fp8=True, pdl=True)
 
     dev, (d, h) = timer.device, dims
     copies = copies_for(3 * d * h, smoke)
@@ -193,16 +197,12 @@ def bench_mlp(timer: Timer, dims: tuple[int, int], m: int, smoke: bool) -> dict:
 
     with torch.inference_mode():
         t = {
-            "fp8": timer.us_per_call([lambda f=f: f(x) for f in fp8]),
+            "fp8": timer.us_per_call([lambda f=f: f(x, FP8) for f in fp8]),
             "scaled_mm": timer.us_per_call([lambda w=w: cublas_fp8(*w) for w in scaled]),
             "bf16": timer.us_per_call([lambda f=f: f(x) for f in bf16]),
         }
-        from kernels import pdl
-
-        if m == 1 and pdl.supported(dev) is None:
-            # as the engine's single-stream graph launches it (engine/runner.py PDL_BATCHES)
-            with pdl.launching(True):
-                t["fp8_pdl"] = timer.us_per_call([lambda f=f: f(x) for f in fp8])
+        if m == 1 and pdl.supported(dev) is None:  # as the engine's single-stream graph launches it
+            t["fp8_pdl"] = timer.us_per_call([lambda f=f: f(x, FP8_PDL) for f in fp8])
     fl = floors(m, d, 2 * h)
     fl2 = floors(m, h, d)
     floor_us = fl["floor_us"] + fl2["floor_us"]
