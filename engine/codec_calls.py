@@ -55,6 +55,7 @@ class CodecCalls:
             self._codes_host = torch.zeros(most * self.num_codebooks + self.buckets[-1], dtype=torch.long, pin_memory=True)
             self._audio_host = torch.zeros(most * self.decoder.hop_length, dtype=torch.float32, pin_memory=True)
             self._began, self._ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._copied = torch.cuda.Event()  # the PCM is on the host: waited on, not the whole stream
 
     def on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
@@ -111,7 +112,8 @@ class CodecCalls:
             g.graph.replay()
             self._ended.record(self.stream)
             audio.copy_(g.audio, non_blocking=True)
-        self.stream.synchronize()  # the staging buffers are reused by the next call
+            self._copied.record(self.stream)
+        self._copied.synchronize()  # the staging buffers are reused by the next call
         self.gpu_s += self._began.elapsed_time(self._ended) / 1000
         return audio.numpy().copy()
 
