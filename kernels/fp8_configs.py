@@ -2,25 +2,15 @@
 
 (N, K, M class) -> GemmConfig's fields in order (block_m, block_n, swap_ab, splits,
 num_warps, num_stages, reduce_in_kernel, quantize_in_gemm, backend, tma, programs_per_sm,
-warp_specialize), the fastest of `python -m latency_bench.kernel_sweep --tma
---no-warp-specialize` (bf16 activations quantized in the kernel, the engine's path: w2
-behind the SwiGLU); shapes and M classes not listed fall back to gemm_config's rule. The
-times are per call, bf16 activations in, inside a CUDA graph that streams each call's
-weights from HBM (latency_bench/reference/h100-s2pro/tma-adopt/kernel_sweep/ holds every
-candidate's time). The engine's MLP runs w1 and w3 stacked (w13); their own entries serve
-a model with separate gate/up linears and the kernel benchmark's MLP. The fast
-transformer's layers have the same widths, so the same entries. Up to M = 16 each shape
-has one K split (kernel_sweep.batch_invariant): a row's sums, and so a greedy stream's
-tokens, do not depend on how many streams share its step there. Larger batches change
-split counts, kernels (tma: kernels/fp8_gemm_tma.py) or go to cuBLAS's block-scaled GEMM
-(backend 'cublas': wqkv and w13 at 128, w1/w3 from 64), so their rows can differ in the
-last bits.
+warp_specialize): the fastest candidate per shape, timed per call inside a CUDA graph that
+streams each call's weights from HBM (bf16 activations quantized in the kernel, the
+engine's path). Shapes and M classes not listed fall back to gemm_config's rule. Up to
+M = 16 each shape has one K split, so a row's sums (and a greedy stream's tokens) do not
+depend on how many streams share its step; larger batches may differ in the last bits.
 
-Regenerate on the GPU with `SWEEP_ARGS="--tma --no-warp-specialize" bash
-scripts/gpu_check.sh adopt` (it writes this file's table and returns it). The table below
-is from the run of 2026-12-06 on an H100 (TUNED_ON), which replaced the H200's of
-2026-12-01 (commit b53c62f): the engine's FP8 step 1.03-1.09x on the H100, not re-checked
-on an H200 (kernels/FP8_NOTES.md, "The TMA GEMM adopted").
+The sweep that wrote this table (latency_bench/kernel_sweep.py) left the tree with the
+other lab tools; restore it from git (f4046d8) to re-tune on another card. Its effect:
+kernels/FP8_NOTES.md, "The TMA GEMM adopted".
 """
 
 TUNED_ON = 'NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-12-06 (latency_bench.kernel_sweep)'

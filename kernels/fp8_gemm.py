@@ -155,7 +155,7 @@ def _config_for(a: Tensor, n: int, k: int, config: GemmConfig | None) -> GemmCon
 
 def gemm_config(m: int, n: int, k: int, sms: int = DEFAULT_SMS) -> GemmConfig:
     """The measured best for the S2-Pro / Qwen3-4B shapes (kernels/fp8_configs.py, from
-    `python -m latency_bench.kernel_sweep`; TUNED_ON names the card), else a rule from the MMA shapes."""
+    the sweep of kernels/fp8_configs.py; TUNED_ON names the card), else a rule from the MMA shapes."""
     mc = m_class(m)
     tuned = TUNED.get((n, k, mc))
     if tuned is not None:

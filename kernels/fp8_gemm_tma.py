@@ -10,7 +10,7 @@ codes, or bf16 activations (A_BF16) that it loads by TMA and quantizes group by 
 its K loop with quantize_act's arithmetic (the same codes bit for bit); the SwiGLU input
 of the MLP's down projection is quantized in a launch first.
 
-Why each option might pay (`latency_bench.kernel_sweep --tma` times them against the
+Why each option might pay (the sweep of kernels/fp8_configs.py timed them against the
 pointer kernel; the table takes the TMA kernel where it won: kernels/fp8_configs.py):
 - TMA: one instruction per tile instead of per-thread address arithmetic and 16-byte
   loads; the copy engine zero-fills rows and columns past M, N and K, so the hot loop

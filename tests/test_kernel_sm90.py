@@ -57,20 +57,6 @@ def test_loads_are_pipelined_and_tma_where_asked(report):
         assert v["warp_specialized"] == kwargs.get("ws", False), name
 
 
-def test_the_tma_sweeps_choices_compile_for_sm90():
-    """`kernel_sweep --tma --compile-sm90` (what to run before spending a device call on
-    the TMA sweep): wo's choices at M = 1, without warp specialization, all compile."""
-    pytest.importorskip("triton.backends.nvidia.compiler", reason="a Triton without its NVIDIA backend")
-    result = subprocess.run([sys.executable, "-m", "latency_bench.kernel_sweep", "--tma", "--no-warp-specialize",
-                             "--m", "1", "--shapes", "wo", "--compile-sm90"], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    lines = result.stdout.splitlines()
-    n = int(lines[0].split()[0])
-    assert n >= 10 and lines[-1] == f"0 of {n} do not compile"
-    assert sum("ok" in line and "TMA copies" in line for line in lines) == n
-
-
 def test_the_attention_kernels_compile_for_sm90_without_spills():
     """Decode attention (own rows, shared prefix rows) and the blocked prefill attention as
     the engine launches them at the S2-Pro heads: they compile within the shared memory,
