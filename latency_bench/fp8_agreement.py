@@ -42,7 +42,10 @@ import torch
 
 from engine.bundle import load_bundle
 from engine.kv_cache import FastCache, KVCache
-from engine.quant import quantize_model_
+from engine.frame import decode_frame, new_window, push_window, sample_frame
+from engine.kernel_plan import KernelPlan
+from engine.quant import is_quantized, quantize_model_
+from engine.sampling import SamplingParams, SamplingTensors
 # the default voice's held-out plain sentences (a checkout's training/ data, read as a file:
 # latency_bench imports nothing of training)
 PLAIN_SENTENCES = Path(__file__).resolve().parent.parent / "training" / "plain_sentences.txt"
@@ -56,25 +59,25 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def greedy_run(bundle, n_frames: int, text: str = GATE_TEXT) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frames [1 + C, n] and the first slow head's logits of greedy decoding (eager)."""
-    from engine.frame import decode_frame, new_window, push_window, sample_frame
-    from engine.sampling import SamplingParams, SamplingTensors
-
+    """Frames [1 + C, n] and the first slow head's logits of greedy decoding (eager; FP8
+    layers through their kernels on a GPU, as served)."""
     model, c, dev = bundle.model, bundle.config, bundle.device
+    plan = KernelPlan(fp8=dev.type == "cuda" and is_quantized(model))
     prompt = bundle.prompts.full(None, text).to(dev)
     kv = KVCache.allocate(c, 1, prompt.shape[1] + n_frames + 1, dev, bundle.dtype)
     fast = FastCache.allocate(c, 1, dev, bundle.dtype)
     params = SamplingTensors.from_params([SamplingParams(temperature=0.0, allow_end=False)], dev)
     window = new_window(1, c.sampling_window, c.num_codebooks, dev)
     frame_index = torch.zeros(1, dtype=torch.long, device=dev)
-    head, fast_in = model.prefill(prompt, 0, 0, kv)
-    frames = [sample_frame(model, fast, head, fast_in, params, window, frame_index)]
+    head, fast_in = model.prefill(prompt, 0, 0, kv, plan)
+    frames = [sample_frame(model, fast, head, fast_in, params, window, frame_index, plan)]
     pos = prompt.shape[1]
     slot = torch.zeros(1, dtype=torch.long, device=dev)
     while len(frames) < n_frames:
         push_window(window, frames[-1][:, 1:])
         position = torch.full((1,), pos, dtype=torch.long, device=dev)
-        frames.append(decode_frame(model, kv, fast, frames[-1], slot, position, pos + 1, params, window, frame_index))
+        frames.append(decode_frame(model, kv, fast, frames[-1], slot, position, pos + 1, params, window, frame_index,
+                                   plan))
         pos += 1
     return torch.cat(frames).T.cpu(), head.float().cpu()
 
@@ -118,7 +121,7 @@ def draw_margins(model_name: str, device: str, n_frames: int) -> None:
     for fp8 in (False, True):
         bundle = load_bundle(model_name, device, torch.bfloat16)
         if fp8:
-            quantize_model_(bundle.model, kernel=bundle.device.type == "cuda")
+            quantize_model_(bundle.model)
         seen[fp8], draw = [], frame.sample_codebook
 
         def spy(logits, *args, _draw=draw, _into=seen[fp8], **kwargs):
@@ -176,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         round_weights_through_fp8_(bundle.model)
         label = "FP8-rounded weights, bf16 activations"
     else:
-        quantize_model_(bundle.model, kernel=bundle.device.type == "cuda")
+        quantize_model_(bundle.model)
         label = "FP8"
     against = "bf16 with its weights on the FP8 grid" if args.fp8_grid_baseline else "bf16"
     agreement(bundle, texts, bf16, args.frames, f"{args.model} on {args.device}, {label} against {against}")
