@@ -78,15 +78,20 @@ def _pieces(text: str) -> list[str]:
     return out
 
 
+def connect(w: Workload):
+    """The WebSocket connection of one simulated client (an async context manager)."""
+    headers = {"Authorization": f"Bearer {w.api_key}"} if w.api_key else None
+    # no permessage-deflate: audio does not compress (the service declines it too)
+    return websockets.connect(w.url, additional_headers=headers, max_size=None, compression=None)
+
+
 async def run_connection(index: int, w: Workload, delay_s: float, progress: _Progress) -> ConnectionResult:
     result = ConnectionResult(index)
     await asyncio.sleep(delay_s)
-    headers = {"Authorization": f"Bearer {w.api_key}"} if w.api_key else None
     progress.active += 1
     try:
         async with asyncio.timeout(w.timeout_s):
-            # no permessage-deflate: audio does not compress (the service declines it too)
-            async with websockets.connect(w.url, additional_headers=headers, max_size=None, compression=None) as ws:
+            async with connect(w) as ws:
                 await _converse(ws, index, w, result, progress)
     except Exception as e:  # every failure is counted, none stops the run
         result.errors.append(f"{type(e).__name__}: {e}"[:200])
@@ -97,29 +102,55 @@ async def run_connection(index: int, w: Workload, delay_s: float, progress: _Pro
 
 
 async def _converse(ws, index: int, w: Workload, result: ConnectionResult, progress: _Progress) -> None:
+    await open_session(ws, w, index, result)
+    rng = random.Random(index)
+    for turn in range(1, w.turns + 1):
+        await speak_turn(ws, w, SENTENCES[(index + turn) % len(SENTENCES)], result)
+        progress.turns_done += 1
+        if turn < w.turns:
+            await asyncio.sleep(w.think_s * rng.uniform(0.5, 1.5))
+    await close_session(ws, result)
+
+
+async def open_session(ws, w: Workload, seed: int, result: ConnectionResult) -> None:
+    """`start`, then wait for `ready` (open-to-ready: the voice prefill)."""
     opened = time.perf_counter()
-    await ws.send(msgpack.packb({"event": "start", "request": w.request(seed=index)}))
+    await ws.send(msgpack.packb({"event": "start", "request": w.request(seed=seed)}))
     event = await _next(ws, result)
     if event.get("event") != "ready":
         raise RuntimeError(f"expected ready, got {event}")
     result.open_to_ready = time.perf_counter() - opened
     result.voice_cached = event.get("voice_cached")
-    rng = random.Random(index)
-    for turn in range(1, w.turns + 1):
-        text = SENTENCES[(index + turn) % len(SENTENCES)]
-        if w.text_mode == "tokens":
-            for piece in _pieces(text):
-                await ws.send(msgpack.packb({"event": "text", "text": piece}))
-                await asyncio.sleep(1.0 / w.tokens_per_s)
-        else:
-            await ws.send(msgpack.packb({"event": "text", "text": text}))
-        record = TurnRecord(flush_at=time.perf_counter())
-        await ws.send(msgpack.packb({"event": "flush"}))
-        await _receive_turn(ws, w, record, result)
-        result.turns.append(record)
-        progress.turns_done += 1
-        if turn < w.turns:
-            await asyncio.sleep(w.think_s * rng.uniform(0.5, 1.5))
+
+
+async def send_text(ws, w: Workload, text: str) -> None:
+    """A turn's text: whole, or as token pieces at the workload's pace."""
+    if w.text_mode == "tokens":
+        for piece in _pieces(text):
+            await ws.send(msgpack.packb({"event": "text", "text": piece}))
+            await asyncio.sleep(1.0 / w.tokens_per_s)
+    else:
+        await ws.send(msgpack.packb({"event": "text", "text": text}))
+
+
+async def flush_and_receive(ws, w: Workload, result: ConnectionResult, record: TurnRecord | None = None) -> TurnRecord:
+    """`flush` the text sent, then receive the turn's audio up to its `turn_end`; fills
+    `record` (the caller may hold it, to see a turn cut short) or a new one."""
+    record = TurnRecord(flush_at=0.0) if record is None else record
+    record.flush_at = time.perf_counter()
+    await ws.send(msgpack.packb({"event": "flush"}))
+    await _receive_turn(ws, w, record, result)
+    return record
+
+
+async def speak_turn(ws, w: Workload, text: str, result: ConnectionResult) -> TurnRecord:
+    await send_text(ws, w, text)
+    record = await flush_and_receive(ws, w, result)
+    result.turns.append(record)
+    return record
+
+
+async def close_session(ws, result: ConnectionResult) -> None:
     await ws.send(msgpack.packb({"event": "stop"}))
     while (await _next(ws, result)).get("event") != "finish":
         pass
