@@ -46,6 +46,7 @@ class Underruns:
     # where each one began, in seconds of the turn's audio played before it (0.046: the
     # first frame ran out before the second arrived): tells turn starts from later stalls
     at_audio_s: list[float] = field(default_factory=list)
+    play_end: float | None = None  # when the last chunk has played out (None: no audio)
 
 
 def underruns(chunks: list[tuple[float, float]]) -> Underruns:
@@ -69,6 +70,7 @@ def underruns(chunks: list[tuple[float, float]]) -> Underruns:
         else:
             play_end += duration
         played += duration
+    result.play_end = play_end
     return result
 
 
