@@ -112,6 +112,8 @@ class Bench:
         return ConversationLoad(level, a.conv_turns, a.user_talk, a.duration, a.seed, a.turn_audio)
 
     def level(self, conversations: float) -> dict:
+        if self.levels:
+            time.sleep(1.0)  # the last level's cut conversations free their slots first
         load = self.load(conversations)
         life = lifetime_s(self.w, load)
         plans = plan_level(load, life)
@@ -126,7 +128,6 @@ class Bench:
             log(f"[conversations] {conversations:g}: {shares_line(lv['engine_shares'])}")
         log(f"[conversations] {conversations:g}: {lv['verdict']}")
         self.levels.append(lv)
-        time.sleep(1.0)  # the cut conversations' slots are freed before the next level
         return lv
 
     def capacity(self) -> Search:
