@@ -10,6 +10,9 @@
 Writes <out>/results.json, <out>/ttfa_throughput.png and prints a table per run. A service
 it starts runs as `python -m latency_bench.server` (the service plus the benchmark's
 baselines); `--baseline naive` starts a second one with `--naive`.
+
+This is the closed loop (each connection: turns back to back); the open-loop conversation
+load and the capacity search are `python -m latency_bench.conversation`.
 """
 
 from __future__ import annotations

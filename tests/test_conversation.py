@@ -54,6 +54,16 @@ def test_open_counts_integrate_over_the_window():
     assert open_counts([(0.0, 1.0), (1.0, 2.0)], 0.0, 2.0)["max"] == 1  # one ends as the next opens
 
 
+def test_the_user_answers_when_the_audio_has_played_out():
+    """The next turn waits for playback, not arrival: a 0.1 s chunk at 0 and a late 0.2 s
+    one at 0.5 have played out at 0.7."""
+    from latency_bench.stats import underruns
+
+    assert underruns([(0.0, 0.1), (0.5, 0.2)]).play_end == pytest.approx(0.7)
+    assert underruns([(0.0, 0.3), (0.1, 0.3)]).play_end == pytest.approx(0.6)
+    assert underruns([]).play_end is None
+
+
 def test_capacity_ladder_stops_at_the_first_level_that_fails():
     s = search(lambda n: n <= 40, levels=[16, 32, 64, 128])
     assert s.capacity == 32 and s.failed_at == 64 and s.tried == [(16, True), (32, True), (64, False)]
