@@ -206,8 +206,10 @@ def report(a: argparse.Namespace, data: dict, out: Path) -> None:
     cap = data.get("capacity")
     if cap:
         held = cap["conversations"]
+        failed = cap["failed_at"]
         print(f"capacity: {held if held is not None else 'none'} concurrent conversations held "
-              f"(TTFA p99 <= {a.ttfa_p99_bound_ms:g} ms, no underrun); first failing level: {cap['failed_at']}")
+              f"(TTFA p99 <= {a.ttfa_p99_bound_ms:g} ms, no underrun); "
+              + (f"first failing level: {failed}" if failed is not None else "no level failed: a lower bound"))
     print(f"\nwrote {out / 'results.json'}")
 
 

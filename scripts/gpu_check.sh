@@ -23,6 +23,10 @@
 #   bash scripts/gpu_check.sh capacity  # the reference workload past 64 streams: c=64,96,128 in bf16
 #                                       # and FP8, a server each (270 s limit each)
 #       CAP_LEVELS (64,96,128), QUANTS ("none fp8"), CAP_S (seconds per server, 270)
+#   bash scripts/gpu_check.sh conversations  # open-loop capacity: conversations of 4 turns arrive, the user
+#                                       # talks 2-6 s between turns; the last level of CONV_LEVELS
+#                                       # (16,32,64,128) with TTFA p99 <= 150 ms and no underrun
+#       CONV_DURATION (seconds per level, 60), CONV_S (560 s limit), QUANT
 #   bash scripts/gpu_check.sh kernels   # the kernel table: FP8 GEMMs and MLP block vs cuBLAS, GEMV,
 #                                       # decode attention, sampling, q/k/v + RoPE, fast attention (limits: 570 s in all)
 #       KERNELS: a subset of "fp8 gemv attention sample qk_rope fast_attention"
@@ -145,6 +149,22 @@ part_capacity() {
     done
 }
 
+part_conversations() {
+    need_service_packages
+    # the reference voice and 200-frame turns (latency_bench/conversation.py); the service's
+    # --max-running follows the top level plus its Poisson spread
+    local work=/tmp/gpu_check/conversations
+    rm -rf "$work"; mkdir -p "$work"
+    timeout "${CONV_S:-560}" python3 -m latency_bench.conversation --model "$MODEL" --device "$DEVICE" \
+        --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --server-arg=--max-len=1536 \
+        --server-arg=--quant="$QUANT" --find-capacity --levels "${CONV_LEVELS:-16,32,64,128}" \
+        --duration "${CONV_DURATION:-60}" --out "$work" 2>&1 | grep -v " open=" > "$out/conversations.log"
+    grep -E "^ *[0-9]+ |^== |capacity:|held|failed|started in|Error|error:" "$out/conversations.log" | tail -n 30
+    cp "$work/results.json" "$out/conversations.json" 2>/dev/null || echo "conversations: no results (cut at ${CONV_S:-560} s?)"
+    cp "$work/server.log" "$out/conversations-server.log" 2>/dev/null
+    return 0
+}
+
 part_kernels() {
     # each benchmark times its kernel against the PyTorch/cuBLAS path it replaces, same run
     local k
@@ -172,7 +192,7 @@ part_profile() {
 }
 
 case "$part" in
-    tests|engine|load|capacity|kernels|profile) "part_$part" ;;
+    tests|engine|load|capacity|conversations|kernels|profile) "part_$part" ;;
     all) for p in tests engine kernels profile load capacity; do echo "=== $p"; "part_$p"; done ;;
-    *) echo "unknown part $part (tests, engine, load, capacity, kernels, profile, all)"; exit 2 ;;
+    *) echo "unknown part $part (tests, engine, load, capacity, conversations, kernels, profile, all)"; exit 2 ;;
 esac
