@@ -91,7 +91,9 @@ def gemv_shapes(model) -> list[tuple[int, int]]:
     """(N, K) of the linear layers a one-row step routes through the GEMV, the down
     projections last (the GEMV runs them with the SwiGLU inside)."""
     blocks = [*model.layers, *model.fast_layers]
-    shapes = {tuple(m.weight.shape) for b in blocks for m in (b.attention.wqkv, b.attention.wo, b.feed_forward.w13)}
+    shapes = {tuple(m.weight.shape) for b in blocks for m in (b.attention.wqkv, b.attention.wo)}
+    # the stacked gate/up (w13) as served, whether or not the checkpoint's w1 / w3 are stacked yet
+    shapes |= {(2 * b.feed_forward.hidden, b.feed_forward.w2.weight.shape[0]) for b in blocks}
     if hasattr(model, "fast_project_in"):
         shapes.add(tuple(model.fast_project_in.weight.shape))
     downs = {tuple(b.feed_forward.w2.weight.shape) for b in blocks}

@@ -290,7 +290,7 @@ def sample_tokens(
     return out
 
 
-def _hash32(x: Tensor) -> Tensor:
+def _hash32_torch(x: Tensor) -> Tensor:
     for _ in range(3):
         x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
     return (x >> 16) ^ x
@@ -298,8 +298,8 @@ def _hash32(x: Tensor) -> Tensor:
 
 def _gumbel_by_rank(seed: Tensor, step: Tensor, draw: int, k: int) -> Tensor:
     """[B, k] fp32: the kernel's noise of (seed, frame, draw slot, candidate rank)."""
-    key = _hash32((seed & _MASK32) ^ _hash32(step * DRAWS_PER_FRAME + draw))  # [B]
-    bits = _hash32(key[:, None] ^ _hash32(torch.arange(k, device=seed.device))[None, :])
+    key = _hash32_torch((seed & _MASK32) ^ _hash32_torch(step * DRAWS_PER_FRAME + draw))  # [B]
+    bits = _hash32_torch(key[:, None] ^ _hash32_torch(torch.arange(k, device=seed.device))[None, :])
     return -torch.log(-torch.log(((bits >> 9).float() + 0.5) * (1.0 / 8388608.0)))
 
 
