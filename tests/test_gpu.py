@@ -164,7 +164,7 @@ def test_engine_with_graphs_batched_equals_alone(bundle):
 
 def test_the_prefills_second_frame_graph_is_the_decode_graphs_step(bundle):
     """The prefill stream's second-frame graph against the decode graph: the same frame,
-    device state and KV (engine/runner.py second_frames)."""
+    device state and KV (engine/prefill.py second_frames)."""
     from test_engine import check_second_frame_equals_decode_step
 
     check_second_frame_equals_decode_step(bundle)  # graphs and kernels: the runner's defaults on a GPU
