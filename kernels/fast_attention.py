@@ -78,8 +78,7 @@ def _check(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: int) -> None:
 
 def warps_for(programs: int) -> int:
     """Warps a program for a grid of `programs` (rows x KV heads). Measured on an H100
-    (latency_bench.fast_attention_bench, S2-Pro fast heads, 2026-12-06; files in
-    latency_bench/reference/h100-s2pro/fast-attention/), us a call at 4 / 2 / 1 warps:
+    (latency_bench.fast_attention_bench, S2-Pro fast heads, 2026-12-06), us a call at 4 / 2 / 1 warps:
     batch 1 3.4 / 3.6 / 3.9, 16 3.6 / 3.9 / 4.5, 32 4.7 / 4.0 / 4.4, 54 7.4 / 5.2 / 4.5,
     64 7.4 / 5.3 / 4.5. Once the grid fills the SMs a few times over, a program's few
     KiB are load latency that more programs a SM hide better than more warps a program."""

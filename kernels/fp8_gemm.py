@@ -111,9 +111,9 @@ class GemmConfig:
         if (self.programs_per_sm or self.warp_specialize) and not self.tma:
             raise ValueError("programs_per_sm and warp_specialize are options of the TMA kernel (tma=True)")
         if self.warp_specialize and self.swap_ab:
-            # triton 3.9 does not compile it for sm90; triton 3.6 does, and on an H100
-            # (2026-12-05) the GPU tests stopped making progress at a persistent split case
-            # of it (latency_bench/reference/h100-s2pro/tma/): plain tiles only, as the sweep
+            # triton 3.9 does not compile it for sm90; with triton 3.6 the GPU tests hung at a
+            # persistent split case of it ("GPU test times and compiles" in
+            # latency_bench/RESULTS.md): plain tiles only
             raise ValueError("warp_specialize takes plain tiles only (swap_ab=False)")
         if self.tma and self.backend != "triton":
             raise ValueError("the TMA kernel is a Triton kernel: it needs backend 'triton'")

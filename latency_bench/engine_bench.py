@@ -49,7 +49,7 @@ def prepare_batch(runner: Runner, batch: int, context: int, shared_prefix: int =
     contents do not change the cost of a step, only its length does); with
     `shared_prefix` N, each slot's first N positions are one voice's prompt, copied in as
     the service copies a cached voice (Runner.load_prefix), so that the runner's shared
-    prefix reads or the cascade read them from one row."""
+    prefix reads read them from one row."""
     st = runner.state
     c = st.config
     slots = list(range(batch))
