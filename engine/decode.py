@@ -38,9 +38,10 @@ class StepHandle:
 
 class Decoder:
     def __init__(self, state: DeviceState, plan: KernelPlan, cuda_graphs: bool, shared_prefix: bool) -> None:
-        self.state, self.plan = state, plan
+        self.state = state
         st, c, dev = state, state.config, state.device
         self.buckets = batch_buckets(st.max_running)
+        self.plans = {b: plan.for_decode_batch(b) for b in self.buckets}  # PDL on batch 1's graph only
         self.fast = FastCache.allocate(c, self.buckets[-1], dev, st.dtype)
         most = self.buckets[-1]
         self.batch_slots = torch.full((most,), st.scratch_row, dtype=torch.long, device=dev)
@@ -126,8 +127,8 @@ class Decoder:
 
     def _step(self, bucket: int, kv_len: int) -> None:
         prefix = (self.batch_prefix[0, :bucket], self.batch_prefix[1, :bucket]) if self.shared_prefix else None
-        plan = self.plan.for_decode_batch(bucket)
-        self.out[:bucket].copy_(self.state.frame_step(self.batch_slots[:bucket], self.fast, kv_len, plan, prefix))
+        self.out[:bucket].copy_(self.state.frame_step(self.batch_slots[:bucket], self.fast, kv_len, self.plans[bucket],
+                                                      prefix))
 
     def _capture_graphs(self) -> None:
         """One graph per bucket, largest first (the shared memory pool is sized by it),

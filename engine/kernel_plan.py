@@ -38,8 +38,8 @@ class KernelPlan:
     blocked_prefill: bool = False  # prefill attention 16 positions a program (kernels/prefill_attention.py)
     pdl: bool = False  # launch with programmatic dependent launch (Hopper; per decode graph)
 
-    def gemv_rows(self, x: torch.Tensor) -> bool:
-        """Whether x (rows x K) goes through the GEMV."""
+    def takes_gemv(self, x: torch.Tensor) -> bool:
+        """Whether x (one row of K) goes through the GEMV."""
         return self.gemv and x.numel() == x.shape[-1] > 0
 
     def for_decode_batch(self, bucket: int) -> "KernelPlan":

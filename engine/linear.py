@@ -24,7 +24,7 @@ def project(layer: nn.Module, x: Tensor, plan: KernelPlan = REFERENCE, codes=Non
     `swiglu`: x is a fused gate/up output [..., 2K] and silu(gate) * up is multiplied."""
     if not isinstance(layer, nn.Linear):  # FP8Linear
         return layer(x, codes, plan, swiglu=swiglu)
-    if plan.gemv_rows(x):
+    if plan.takes_gemv(x):
         y = gemv(_rows(x), layer.weight, bias=layer.bias, swiglu=swiglu, pdl=plan.pdl)
         return y.view(*x.shape[:-1], layer.weight.shape[0])
     if swiglu:
@@ -45,7 +45,7 @@ LOGITS_DTYPE = torch.float32
 def head_logits(x: Tensor, weight: Tensor, plan: KernelPlan = REFERENCE) -> Tensor:
     """x [..., K] @ weight.T [N, K], summed and returned in fp32 (the inputs stay in the
     model's dtype: an fp32 copy of the weights would double their reads)."""
-    if plan.gemv_rows(x):
+    if plan.takes_gemv(x):
         return gemv(_rows(x), weight, out_dtype=LOGITS_DTYPE, pdl=plan.pdl).view(*x.shape[:-1], weight.shape[0])
     if x.dtype == LOGITS_DTYPE and weight.dtype == LOGITS_DTYPE:
         return F.linear(x, weight)

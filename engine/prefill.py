@@ -73,6 +73,8 @@ class Prefiller:
     def __init__(self, state: DeviceState, plan: KernelPlan, cuda_graphs: bool, chunked: bool) -> None:
         self.state = state
         self.plan = plan.without_pdl()
+        # the eager prefill attends through PyTorch's SDPA (host-known lengths)
+        self.eager_plan = dataclasses.replace(self.plan, attention=False)
         self.fast = FastCache.allocate(state.config, MAX_PREFILL_BATCH, state.device, state.dtype)
         self.lock = threading.Lock()  # one prefill at a time (prefill thread + tools)
         # graph-captured chunks attend through the Triton kernels (no host-dependent shapes)
@@ -102,7 +104,7 @@ class Prefiller:
             if self.chunked:
                 self._chunks([(slot, 0, tokens)])
             else:
-                st.model.prefill(tokens.to(st.device, non_blocking=True), slot, 0, st.kv, self._eager_plan())
+                st.model.prefill(tokens.to(st.device, non_blocking=True), slot, 0, st.kv, self.eager_plan)
             prefix = PrefixKV(st.kv.k[:, slot, :length].clone(), st.kv.v[:, slot, :length].clone(), length)
             self._sync()
             st.hold_prefix(slot, (prefix.ident, length))
@@ -144,12 +146,8 @@ class Prefiller:
                 st.hold_prefix(slot, None)
         return self._chunked_segments(items) if self.chunked else self._eager_segments(items)
 
-    def _eager_plan(self) -> KernelPlan:
-        # eager prefill attends through PyTorch's SDPA (host-known lengths)
-        return dataclasses.replace(self.plan, attention=False)
-
     def _eager_segments(self, items: list[Item]) -> list[np.ndarray]:
-        st, dev, plan = self.state, self.state.device, self._eager_plan()
+        st, dev, plan = self.state, self.state.device, self.eager_plan
         slots = [slot for slot, _, _, _ in items]
         ends = [start + t.shape[1] for _, start, t, _ in items]
         with self.lock, st.on_stream("prefill_stream"):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from latency_bench.loadgen import Workload, run_level
+from latency_bench.loadgen import Workload, add_target_args, add_turn_args, run_level
 from latency_bench.jsonfile import write_json
 from latency_bench.report import aggregate, plot, ratios, table
 from latency_bench.serverproc import service
@@ -36,35 +36,20 @@ from latency_bench.shares import level_shares, metrics_url, scrape, shares_line
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running service's ws://.../v1/tts/live")
-    where.add_argument("--model", help="start the service with this model (default | preset | folder)")
-    p.add_argument("--device", default="auto")
+    add_target_args(p)
+    add_turn_args(p, text_mode="sentences")
     p.add_argument("--concurrency", default="1,4,8", help="comma-separated levels")
     p.add_argument("--turns", type=int, default=3, help="turns per connection")
-    p.add_argument("--text-mode", choices=["sentences", "tokens"], default="sentences")
-    p.add_argument("--tokens-per-s", type=float, default=30.0, help="pace of token pieces in tokens mode")
     p.add_argument("--think", type=float, default=0.3, help="seconds between turns (randomized 0.5x-1.5x)")
     p.add_argument("--ramp", type=float, default=1.0, help="seconds over which connections arrive")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="frames per turn (the cap)")
-    p.add_argument("--fixed-frames", action="store_true", help="ignore end-of-speech: every turn is max-new-tokens frames "
-                   "(random weights never say when to stop; a started service also gets --ignore-end)")
-    p.add_argument("--format", default="pcm")
-    p.add_argument("--voice", help="a stored voice id (reference_id)")
     p.add_argument("--reference-audio", help="inline reference audio file")
     p.add_argument("--reference-text", help="its transcript")
-    p.add_argument("--synthetic-reference", type=float, default=0.0,
-                   help="seconds of a generated reference (with a matching-length transcript) for a ~300-token voice prompt at 10 s")
     p.add_argument("--barge-in", type=float, help="cancel each turn this many seconds after its first audio")
     p.add_argument("--baseline", choices=["naive"], help="also run the naive serving mode (needs --model)")
     p.add_argument("--baseline-concurrency", help="levels for the baseline (default: --concurrency); the naive "
                    "mode serves one utterance at a time, so high levels take minutes")
     p.add_argument("--baseline-turns", type=int, help="turns per connection for the baseline (default: --turns)")
     p.add_argument("--only-baseline", action="store_true", help="run the baseline alone (split long sweeps)")
-    p.add_argument("--server-arg", action="append", default=[],
-                   help="extra argument for the started service: any `python -m latency_bench.server` option, e.g. "
-                        "--server-arg=--quant=fp8 or --server-arg=--limit=new-tokens=4096")
-    p.add_argument("--api-key")
     p.add_argument("--out", default="out/latency_bench")
     p.add_argument("--title", default="")
     a = p.parse_args(argv)

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from latency_bench.openloop import LevelRun, flush_spreads
+from latency_bench.report import ms
 from latency_bench.shares import level_shares
 from latency_bench.stats import ConnectionResult, summary, underruns
 
@@ -101,10 +102,6 @@ def aggregate_burst(n: int, results: list[ConnectionResult]) -> dict:
     }
 
 
-def _ms(x) -> str:
-    return "-" if x is None or x != x else f"{1000 * x:.0f}"
-
-
 def table(levels: list[dict], title: str) -> str:
     head = (f"{'conv':>6} {'open mean':>9} {'max':>4} {'TTFA p50':>9} {'p90':>6} {'p99':>6} {'underruns':>9} "
             f"{'ms':>6} {'refused':>7} {'errors':>6} {'cut':>4} {'talk share':>10} {'frames/s':>9} {'KV pages':>9}  held")
@@ -113,8 +110,8 @@ def table(levels: list[dict], title: str) -> str:
         t, kv = lv["ttfa_s"], lv["kv_pages"]
         pages = "-" if not kv else f"{max(v['max'] for v in kv.values()):.0f}"
         lines.append(
-            f"{lv['conversations']:>6g} {lv['open']['mean']:>9.1f} {lv['open']['max']:>4} {_ms(t['p50']):>9} "
-            f"{_ms(t['p90']):>6} {_ms(t['p99']):>6} {lv['underruns']:>9} {lv['underrun_ms']:>6.0f} "
+            f"{lv['conversations']:>6g} {lv['open']['mean']:>9.1f} {lv['open']['max']:>4} {ms(t['p50']):>9} "
+            f"{ms(t['p90']):>6} {ms(t['p99']):>6} {lv['underruns']:>9} {lv['underrun_ms']:>6.0f} "
             f"{lv['refusals']:>7} {lv['errors']:>6} {lv['cut']:>4} {lv['agent_talk_share']:>10.2f} "
             f"{lv['frames_per_s']:>9.1f} {pages:>9}  {lv.get('verdict', '')}")
     lines.append("(conv: offered concurrent conversations; open: measured; TTFA in ms from the flush; talk share: "
@@ -127,7 +124,7 @@ def burst_table(bursts: list[dict], title: str) -> str:
     for b in bursts:
         t = b["ttfa_s"]
         spread = f"{1000 * max(b['flush_spread_s']):.1f}" if b["flush_spread_s"] else "-"
-        lines.append(f"{b['connections']:>5} {_ms(t['p50']):>9} {_ms(t['p99']):>6} {_ms(t['max']):>6} "
+        lines.append(f"{b['connections']:>5} {ms(t['p50']):>9} {ms(t['p99']):>6} {ms(t['max']):>6} "
                      f"{spread:>16} {b['underruns']:>9} {b['errors']:>6}")
     return "\n".join(lines)
 

@@ -29,7 +29,7 @@ from latency_bench.__main__ import git_commit, synthetic_reference
 from latency_bench.capacity import Search, search, verdict
 from latency_bench.conv_report import aggregate_burst, aggregate_level, burst_table, plot, table
 from latency_bench.jsonfile import write_json
-from latency_bench.loadgen import Workload
+from latency_bench.loadgen import Workload, add_target_args, add_turn_args
 from latency_bench.openloop import ConversationLoad, lifetime_s, offered_rate, plan_level, run_burst, run_level
 from latency_bench.serverproc import service
 from latency_bench.shares import shares_line
@@ -47,10 +47,8 @@ def _talk(text: str) -> tuple[float, float]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m latency_bench.conversation", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running service's ws://.../v1/tts/live")
-    where.add_argument("--model", help="start the service with this model (default | preset | folder)")
-    p.add_argument("--device", default="auto")
+    add_target_args(p)
+    add_turn_args(p, text_mode="tokens")
     p.add_argument("--conversations", default="16", help="offered concurrent conversations, comma-separated levels "
                    "(with --sync-flush: connections)")
     p.add_argument("--conv-turns", type=int, default=4, help="turns per conversation")
@@ -67,19 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ttfa-p99-bound-ms", type=float, default=150.0, help="a level holds with TTFA p99 at most this")
     p.add_argument("--sync-flush", action="store_true", help="the burst: every connection flushes each turn at once")
     p.add_argument("--think", type=float, default=1.0, help="--sync-flush: seconds between a turn's audio and the next")
-    p.add_argument("--text-mode", choices=["sentences", "tokens"], default="tokens")
-    p.add_argument("--tokens-per-s", type=float, default=30.0, help="pace of the LLM's token pieces")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="frames per turn (the cap)")
-    p.add_argument("--fixed-frames", action="store_true", help="every turn is max-new-tokens frames (random weights; "
-                   "a started service also gets --ignore-end)")
-    p.add_argument("--format", default="pcm")
-    p.add_argument("--voice", help="a stored voice id (reference_id)")
-    p.add_argument("--synthetic-reference", type=float, default=0.0, help="seconds of a generated reference voice")
     p.add_argument("--max-running", type=int, help="KV slots of a started service (default: the top level + 4 "
                    "standard deviations of its Poisson count, since each open conversation holds one)")
-    p.add_argument("--server-arg", action="append", default=[],
-                   help="extra argument for the started service (any `python -m latency_bench.server` option)")
-    p.add_argument("--api-key")
     p.add_argument("--out", default="out/conversation")
     p.add_argument("--title", default="")
     p.add_argument("--no-plot", action="store_true")

@@ -221,3 +221,28 @@ async def _loop_lag(lags: list[float], period_s: float = 0.01) -> None:
         t = time.perf_counter()
         await asyncio.sleep(period_s)
         lags.append(max(0.0, time.perf_counter() - t - period_s))
+
+
+def add_target_args(p) -> None:
+    """The service a load run drives: a running one (--url) or one it starts (--model)."""
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running service's ws://.../v1/tts/live")
+    where.add_argument("--model", help="start the service with this model (default | preset | folder)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="extra argument for the started service: any `python -m latency_bench.server` option, e.g. "
+                        "--server-arg=--quant=fp8 or --server-arg=--limit=new-tokens=4096")
+    p.add_argument("--api-key")
+
+
+def add_turn_args(p, text_mode: str) -> None:
+    """What each turn sends and asks for (Workload's fields)."""
+    p.add_argument("--text-mode", choices=["sentences", "tokens"], default=text_mode)
+    p.add_argument("--tokens-per-s", type=float, default=30.0, help="pace of token pieces in tokens mode")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="frames per turn (the cap)")
+    p.add_argument("--fixed-frames", action="store_true", help="ignore end-of-speech: every turn is max-new-tokens frames "
+                   "(random weights never say when to stop; a started service also gets --ignore-end)")
+    p.add_argument("--format", default="pcm")
+    p.add_argument("--voice", help="a stored voice id (reference_id)")
+    p.add_argument("--synthetic-reference", type=float, default=0.0,
+                   help="seconds of a generated reference (with a matching-length transcript) for a ~300-token voice prompt at 10 s")

@@ -47,8 +47,9 @@ def aggregate(concurrency: int, results: list[ConnectionResult], wall_s: float, 
     }
 
 
-def _ms(x: float) -> str:
-    return "-" if x != x else f"{1000 * x:.0f}"
+def ms(x: float | None) -> str:
+    """Seconds as whole milliseconds; '-' for a missing figure (None or NaN)."""
+    return "-" if x is None or x != x else f"{1000 * x:.0f}"
 
 
 def table(levels: list[dict], title: str) -> str:
@@ -58,8 +59,8 @@ def table(levels: list[dict], title: str) -> str:
     for lv in levels:
         t, r = lv["ttfa_s"], lv["open_to_ready_s"]
         lines.append(
-            f"{lv['concurrency']:>4} {_ms(t['p50']):>9} {_ms(t['p90']):>6} {_ms(t['p99']):>6} {_ms(t['max']):>6} "
-            f"{_ms(r['p50']):>10} {_ms(r['p99']):>6} {lv['underruns']:>9} {lv['underrun_ms']:>7.0f} "
+            f"{lv['concurrency']:>4} {ms(t['p50']):>9} {ms(t['p90']):>6} {ms(t['p99']):>6} {ms(t['max']):>6} "
+            f"{ms(r['p50']):>10} {ms(r['p99']):>6} {lv['underruns']:>9} {lv['underrun_ms']:>7.0f} "
             f"{lv.get('underruns_first_half_s', '-'):>8} {lv['frames_per_s']:>9.1f} {lv['stream_frames_per_s']['p50']:>10.1f} {lv['audio_s_per_s']:>9.2f} {lv['errors']:>6}"
         )
     lines.append("(times in ms; at start = underruns in a turn's first 0.5 s of audio; frames/s over all streams;"

@@ -194,8 +194,8 @@ def test_the_plan_routes_every_linear_layer_and_head_of_one_row():
             assert tuple(layer.weight.shape) in shapes
     assert head_shapes(model) == sorted({tuple(model.head_weight.shape), tuple(model.fast_output.weight.shape)})
     plan = KernelPlan(gemv=True)
-    assert plan.gemv_rows(torch.zeros(1, 1, 8)) and not plan.gemv_rows(torch.zeros(2, 8))
-    assert not KernelPlan().gemv_rows(torch.zeros(1, 8))
+    assert plan.takes_gemv(torch.zeros(1, 1, 8)) and not plan.takes_gemv(torch.zeros(2, 8))
+    assert not KernelPlan().takes_gemv(torch.zeros(1, 8))
 
 
 @pytest.mark.gpu
