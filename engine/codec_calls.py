@@ -34,10 +34,10 @@ class _Graph:
 
 class CodecCalls:
     def __init__(self, codec: torch.nn.Module, max_streams: int, chunks: tuple[int, ...],
-                 cuda_graphs: bool | None = None, kernels: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, kernels: bool | None = None, max_batch: int | None = None) -> None:
         self.decoder = StreamingDecoder(codec, max_streams + 1, kernels)
         self.scratch = max_streams  # the slot padding rows point at
-        self.buckets = batch_buckets(max_streams)
+        self.buckets = batch_buckets(min(max_batch or max_streams, max_streams))
         self.chunks = chunks
         self.num_codebooks = codec.num_codebooks
         self.device = self.decoder.device

@@ -56,12 +56,14 @@ _STOP = object()
 
 
 class CodecWorker:
-    def __init__(self, codec: torch.nn.Module, max_streams: int, *, cuda_graphs: bool | None = None,
+    def __init__(self, codec: torch.nn.Module, max_streams: int, *, max_batch: int | None = None,
+                 cuda_graphs: bool | None = None,
                  hold_lead_s: float | None = 0.3, max_chunk: int = CHUNKS[0], first_frames: int = 1,
                  busy_streams: int = 0, kernels: bool | None = None) -> None:
         frame_s = codec.hop_length / codec.sample_rate  # audio per frame
         self.pacing = Pacer(frame_s, hold_lead_s, max_chunk, first_frames, busy_streams)
-        self.codec_calls = CodecCalls(codec, max_streams, self.pacing.chunks, cuda_graphs, kernels)
+        # state for max_streams streams; calls of at most max_batch of them (default: all)
+        self.codec_calls = CodecCalls(codec, max_streams, self.pacing.chunks, cuda_graphs, kernels, max_batch)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None  # made by start()
         self.calls = 0
@@ -167,8 +169,10 @@ class CodecWorker:
 
     def _decode(self, run: list[_Frame]) -> None:
         run = [f for f in run if f.owner.wanted(f.turn)]  # closed or cancelled: skip the work
+        most = self.codec_calls.buckets[-1]
         for n, chunks in self.pacing.rounds(run):
-            self._call(n, chunks)
+            for i in range(0, len(chunks), most):
+                self._call(n, chunks[i : i + most])
 
     def _call(self, n: int, chunks: list[list[_Frame]]) -> None:
         """One call: `n` frames of each chunk's stream (distinct slots), padded to a bucket."""

@@ -4,8 +4,9 @@ stream, launched before the host reads the step before it.
 A step's batch is padded to a bucket (padded rows point at the scratch row). On a GPU,
 one CUDA graph per bucket captures the whole step (gather, slow step, every fast
 codebook step, sampling, window update, scatter), so a step is one replay. Only a change
-of batch membership moves data from the host (the slot list, through pinned staging);
-the host reads each step's frames from a pinned buffer behind a CUDA event, one step late.
+of batch membership (the row list) or a stream's new KV page (a page-table entry) moves
+data from the host, through pinned staging; the host reads each step's frames from a
+pinned buffer behind a CUDA event, one step late.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ class StepHandle:
 
 
 class Decoder:
-    def __init__(self, state: DeviceState, plan: KernelPlan, cuda_graphs: bool, shared_prefix: bool) -> None:
+    def __init__(self, state: DeviceState, plan: KernelPlan, cuda_graphs: bool, max_batch: int) -> None:
         self.state = state
         st, c, dev = state, state.config, state.device
-        self.buckets = batch_buckets(st.max_running)
+        self.buckets = batch_buckets(max_batch)
         self.plans = {b: plan.for_decode_batch(b) for b in self.buckets}  # PDL on batch 1's graph only
         self.fast = FastCache.allocate(c, self.buckets[-1], dev, st.dtype)
         most = self.buckets[-1]
@@ -53,12 +54,6 @@ class Decoder:
         self.out_host = torch.zeros(2, most, 1 + c.num_codebooks, dtype=torch.long, pin_memory=pin)
         self._parity = 0
         self._last_slots: list[int] | None = None
-        # shared voice prefixes (engine/device_state.py): each stream's prefix row and length
-        self.shared_prefix = shared_prefix and plan.attention
-        self._staged_version = -1
-        self.batch_prefix = torch.zeros(2, most, dtype=torch.long, device=dev)  # rows, lengths
-        self.batch_prefix[0].fill_(st.scratch_row)
-        self.prefix_host = torch.zeros(2, 2, most, dtype=torch.long, pin_memory=pin)
         # GPU seconds of the decode steps read so far, from each step's first kernel to its
         # last, waits behind the codec's and prefill's kernels included (engine stats)
         self.gpu_s = 0.0
@@ -70,8 +65,9 @@ class Decoder:
         return next(b for b in self.buckets if b >= batch)
 
     @torch.inference_mode()
-    def launch(self, slots: list[int], kv_len: int) -> StepHandle:
-        """Launch one decode step for the streams in `slots` (no host sync)."""
+    def launch(self, slots: list[int], kv_len: int, table_updates: list[tuple[int, int, int]] = ()) -> StepHandle:
+        """Launch one decode step for the streams in `slots` (no host sync), after writing
+        `table_updates` (row, page index, page) into the page table."""
         st, n = self.state, len(slots)
         bucket = self.bucket_for(n)
         with st.on_stream("decode_stream"):
@@ -79,15 +75,13 @@ class Decoder:
             if st.cuda:
                 started = torch.cuda.Event(enable_timing=True)
                 started.record(st.decode_stream)
-            version = st.prefix_version  # read first: a change after it stages again next step
-            if slots != self._last_slots or (self.shared_prefix and version != self._staged_version):
+            if table_updates:
+                st.write_entries(list(table_updates))
+            if slots != self._last_slots:
                 staging = self.slots_host[self._parity]
                 staging[:n] = torch.tensor(slots, dtype=torch.long)
                 staging[n:bucket] = st.scratch_row
                 self.batch_slots[:bucket].copy_(staging[:bucket], non_blocking=True)
-                if self.shared_prefix:
-                    self._stage_prefixes(slots, bucket)
-                    self._staged_version = version
                 self._last_slots = list(slots)
             if self.graphs:
                 self.graphs[bucket].replay()
@@ -102,22 +96,6 @@ class Decoder:
                 event.record(st.decode_stream)
         return StepHandle(parity, n, event, started)
 
-    def _stage_prefixes(self, slots: list[int], bucket: int) -> None:
-        """Each stream's prefix row: the first stream of this batch holding the same
-        prefix (itself for the first, and for a stream with none, length 0)."""
-        first: dict[int, int] = {}
-        rows, lengths = [], []
-        for slot in slots:
-            held = self.state.slot_prefix[slot]
-            rows.append(slot if held is None else first.setdefault(held[0], slot))
-            lengths.append(0 if held is None else held[1])
-        staging, n = self.prefix_host[self._parity], len(slots)
-        staging[0, :n] = torch.tensor(rows, dtype=torch.long)
-        staging[1, :n] = torch.tensor(lengths, dtype=torch.long)
-        staging[0, n:bucket] = self.state.scratch_row
-        staging[1, n:bucket] = 0
-        self.batch_prefix[:, :bucket].copy_(staging[:, :bucket], non_blocking=True)
-
     def read(self, handle: StepHandle) -> np.ndarray:
         """The frames of a launched step, [batch, 1 + C] (waits for that step only)."""
         if handle.event is not None:
@@ -126,9 +104,7 @@ class Decoder:
         return self.out_host[handle.parity, : handle.batch].numpy().copy()
 
     def _step(self, bucket: int, kv_len: int) -> None:
-        prefix = (self.batch_prefix[0, :bucket], self.batch_prefix[1, :bucket]) if self.shared_prefix else None
-        self.out[:bucket].copy_(self.state.frame_step(self.batch_slots[:bucket], self.fast, kv_len, self.plans[bucket],
-                                                      prefix))
+        self.out[:bucket].copy_(self.state.frame_step(self.batch_slots[:bucket], self.fast, kv_len, self.plans[bucket]))
 
     def _capture_graphs(self) -> None:
         """One graph per bucket, largest first (the shared memory pool is sized by it),
@@ -139,8 +115,6 @@ class Decoder:
         with torch.inference_mode(), torch.cuda.stream(st.decode_stream):
             for bucket in reversed(self.buckets):
                 self.batch_slots.fill_(st.scratch_row)
-                self.batch_prefix[0].fill_(st.scratch_row)
-                self.batch_prefix[1].zero_()
                 self.graphs[bucket], _ = capture(lambda: self._step(bucket, st.max_len), st.decode_stream, pool)
         torch.cuda.synchronize(st.device)
         self._last_slots = None

@@ -1,9 +1,9 @@
 """The serving engine: the scheduler, the runner and three worker threads.
 
-- prefill thread: voice prefixes when a stream opens (or a copy from the voice cache,
-  ahead of waiting segments), text segments as they arrive; samples each segment's first
-  frame, hands it to the codec, then makes its second frame (one frame step of the
-  prefill's batch);
+- prefill thread: voice prefixes when a stream opens (a cached voice's pages are shared
+  at once, ahead of waiting segments), text segments as they arrive; samples each
+  segment's first frame, hands it to the codec, then makes its second frame (one frame
+  step of the prefill's batch);
 - decode thread: one batched step for every decoding stream, launched before the
   previous step is read (the host reads frames one step late);
 - codec thread: code frames to PCM, batched across streams.
@@ -32,10 +32,12 @@ from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
 from engine.gpu_errors import device_lost
 from engine.kernel_plan import REFERENCE, build_plan
+from engine.kv_sizing import plan_kv, wanted_running
+from engine.pages import PagePool, VoiceCache, VoicePages
 from engine.prompt import Reference, Voice
-from engine.runner import MAX_PREFILL_BATCH, Runner
+from engine.runner import MAX_PREFILL_BATCH, RowPages, Runner
 from engine.sampling import SamplingParams
-from engine.scheduler import PrefillWork, Refused, Scheduler, Segment, Stream
+from engine.scheduler import FrameOutcome, PrefillWork, Refused, Scheduler, Segment, Stream
 from engine.settings import BenchSettings, EngineConfig
 from engine.timeshare import Phases
 from engine.voice import LRUBytes, ReferenceInput, VoiceInput
@@ -140,19 +142,26 @@ class Engine:
         plan = REFERENCE if c.reference_kernels else build_plan(
             bundle.model, bundle.device, bundle.dtype, c.kv_quant, gemv_on=bench.gemv and not naive,
             pdl_on=bench.pdl and not naive)
-        self.runner = Runner(bundle, c.max_running, c.max_len, plan, kv_quant=c.kv_quant,
-                             cuda_graphs=False if naive else None,
-                             shared_prefix=bench.shared_prefix_reads and not naive)
-        self.sched = Scheduler(c.max_running, c.max_queued, self.runner.max_len, serial=naive)
-        self.codec = CodecWorker(bundle.codec, c.max_running + 1, hold_lead_s=None if naive else c.codec_hold_lead_s,
+        # the codec's per-stream state first: the KV pool is sized from what memory is left
+        self.codec = CodecWorker(bundle.codec, c.max_streams, max_batch=wanted_running(c, bundle.device),
+                                 hold_lead_s=None if naive else c.codec_hold_lead_s,
                                  max_chunk=c.codec_max_chunk, first_frames=c.codec_first_frames,
                                  busy_streams=0 if naive else c.codec_busy_streams,
                                  kernels=False if c.reference_kernels else None)
+        self.kv_plan = kv = plan_kv(c, bundle.config, bundle.device, bundle.dtype)
+        running = kv.max_running
+        self.runner = Runner(bundle, running, c.max_len, plan, streams=c.max_streams, pages=kv.pages,
+                             page_size=kv.page_size, kv_quant=c.kv_quant, cuda_graphs=False if naive else None)
+        self.pool = PagePool(kv.pages, kv.page_size)
+        self.voices = VoiceCache(self.pool, max(1, c.voice_cache_bytes // kv.page_bytes))
+        self.sched = Scheduler(running, c.max_queued, self.runner.max_len, serial=naive, max_streams=c.max_streams,
+                               pool=self.pool, voices=self.voices)
+        log.info("KV: %d pages of %d positions (%.2f GiB), %d open streams, up to %d decoding", kv.pages - 1,
+                 kv.page_size, kv.pool_bytes / 2**30, c.max_streams, running)
         self.codec.on_error = lambda owner, e: owner.sink.on_error("internal", f"audio decoding failed: {e}")
         # why the engine cannot serve (a worker thread stopped), None while it can: open()
         # refuses new streams with it, and the service's health check reports it
         self.failure: str | None = None
-        self.voice_cache = LRUBytes(c.voice_cache_bytes, lambda p: p.nbytes)
         self.codes_cache = LRUBytes(256 << 20, lambda t: t.numel() * t.element_size())
         self.im_end_id = bundle.config.im_end_id
         self.sample_rate = bundle.codec.sample_rate
@@ -263,17 +272,31 @@ class Engine:
     def stats(self) -> dict:
         with self._lock:
             counts = self.sched.counts()
+            pages = self.sched.page_counts()
+            voices = (len(self.voices), self.voices.hits, self.voices.misses)
         return {
             **{f"streams_{k}": v for k, v in counts.items()},
+            "streams_max": self.config.max_streams,
+            "decode_max_batch": self.sched.max_running,
             "up": int(self.failure is None),  # 0 once a worker thread stopped (Engine.failure)
             "decode_steps": self.steps,
             "frames": self.frames,
             "prefills": self.prefills,
             "codec_queue": self.codec.depth(),
-            "voice_cache_entries": len(self.voice_cache),
-            "voice_cache_bytes": self.voice_cache.used,
-            "voice_cache_hits": self.voice_cache.hits,
-            "voice_cache_misses": self.voice_cache.misses,
+            # KV pages (engine/pages.py): the pool, in use, free, held by cached voices; idle
+            # contexts taken back and segments cut for want of a page (counters)
+            "kv_pages_total": pages["total"],
+            "kv_pages_used": pages["used"],
+            "kv_pages_free": pages["free"],
+            "kv_pages_voice_cache": pages["voice_cache"],
+            "kv_page_bytes": self.kv_plan.page_bytes,
+            "kv_page_size": self.kv_plan.page_size,
+            "kv_evicted_contexts": pages["evicted_contexts"],
+            "kv_page_cuts": pages["page_cuts"],
+            "voice_cache_entries": voices[0],
+            "voice_cache_bytes": pages["voice_cache"] * self.kv_plan.page_bytes,
+            "voice_cache_hits": voices[1],
+            "voice_cache_misses": voices[2],
             # where the time goes (counters; latency_bench turns them into a level's shares)
             "decode_rows": self.decode_rows,
             "decode_gpu_seconds": round(self.runner.decode_gpu_s, 6),
@@ -307,9 +330,9 @@ class Engine:
                 self._prefill_segments(works)
 
     def _voice_cached(self, stream: Stream) -> bool:
-        """The stream's voice prefix is in the voice cache: ready is one device copy away
-        (the scheduler takes such voices before segments)."""
-        return stream.owner.voice_key in self.voice_cache
+        """The stream's voice prompt is in the voice cache: ready needs no device work (the
+        scheduler takes such voices before segments). Called under the lock."""
+        return stream.owner.voice_key in self.voices
 
     def _guarded(self, work: PrefillWork, fn) -> bool:
         """Run one stream's prefill step; a failure ends that stream's work with an error
@@ -349,22 +372,29 @@ class Engine:
     def _prefill_voice(self, work: PrefillWork, handle: EngineStream) -> None:
         t0 = time.perf_counter()
         stream = work.stream
-        prefix = self.voice_cache.get(handle.voice_key)
-        cached = prefix is not None
-        if cached:
-            self.runner.load_prefix(stream.slot, prefix)
-        else:
+        self.codec.reset(stream.slot)  # queued before any of this stream's frames
+        with self._lock:  # a cached voice's pages are shared with the stream at once
+            voice = self.voices.get(handle.voice_key)
+            if voice is not None:
+                self.sched.voice_done(stream, voice)
+                self._lock.notify_all()
+        cached = voice is not None
+        if not cached:
             refs = [Reference(r.text, self._reference_codes(r)) for r in handle.voice.references]
             tokens = self.bundle.prompts.voice_prefix(Voice(refs))
             if tokens.shape[1] + 256 > self.runner.max_len:
                 raise EngineError("too_large", f"the voice prompt ({tokens.shape[1]} tokens) leaves no room in the context")
-            prefix = self.runner.prefill_prefix(stream.slot, tokens)
-            self.voice_cache.put(handle.voice_key, prefix)
-        self.codec.reset(stream.slot)
+            with self._lock:
+                pages = self.sched.take_voice_pages(stream, tokens.shape[1])
+            if pages is None:  # back in the voice queue until pages are freed
+                return
+            self.runner.prefill_prefix(stream.slot, tokens, pages)
+            voice = VoicePages(tuple(pages), tokens.shape[1])
+            with self._lock:
+                self.voices.put(handle.voice_key, voice)
+                self.sched.voice_done(stream, voice)
+                self._lock.notify_all()
         self.prefills += 1
-        with self._lock:
-            self.sched.voice_done(stream, prefix.length)
-            self._lock.notify_all()
         if not handle.closed:
             handle.sink.on_ready(cached, (time.perf_counter() - t0) * 1000)
 
@@ -389,18 +419,24 @@ class Engine:
             def prepare(work, handle, prepared=prepared):
                 tokens = self._segment_tokens(work)
                 self.runner.check_room(work.start, tokens.shape[1])
-                prepared["item"] = (work, tokens, handle.sampling_for_next_segment())
+                with self._lock:  # the prompt and its first two frames' positions
+                    if not self.sched.ensure_room(work.stream, work.start + tokens.shape[1] + 1):
+                        raise EngineError("busy", "the KV cache is full: no room for this segment")
+                    pages = list(work.stream.pages)
+                prepared["item"] = (work, tokens, handle.sampling_for_next_segment(), pages)
 
             if self._guarded(work, prepare):
                 items.append(prepared["item"])
         if not items:
             return
+        rows = [RowPages(w.stream.slot, pages, w.copies) for w, _, _, pages in items]
+        items = [item[:3] for item in items]
         timings = [w.stream.owner.timing.get(w.segment.turn) for w, _, _ in items]
         for t in timings:
             if t is not None:
                 t.append(time.perf_counter())
         try:
-            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items])
+            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items], rows)
         except Exception as e:  # the whole batch failed: every stream in it hears why
             for work, _, _ in items:
                 self._fail_work(work, e)
@@ -466,25 +502,32 @@ class Engine:
         phases = self.decode_phases
         while True:
             phases.to("schedule")
+            cut: list[tuple[Stream, int]] = []
             with self._lock:
                 batch = self.sched.decode_batch()
                 while not self._stopping and not batch and pending is None:
+                    cut += self._take_cuts()
                     phases.to("idle")
                     self._lock.wait(0.5)
                     phases.to("schedule")
                     batch = self.sched.decode_batch()
                 if self._stopping:
                     return
+                cut += self._take_cuts()
+                updates, self.sched.table_updates = self.sched.table_updates, []
                 launched = None
                 if batch:
                     segments = [(s.current.id, s.current.turn) for s in batch]
                     self.sched.step_launched(batch)
                     slots = [s.slot for s in batch]
                     kv_len = max(s.prompt_end + s.steps for s in batch)
+            if cut:  # segments the pool had no page for, ended with the frames they had
+                self._emit([(s, turn, None, FrameOutcome(emit=False, segment_done=True, reason="context"))
+                            for s, turn in cut])
             try:
                 if batch:
                     phases.to("launch")
-                    launched = (self.runner.launch(slots, kv_len), batch, segments)
+                    launched = (self.runner.launch(slots, kv_len, updates), batch, segments)
                     self.steps += 1
                     self.decode_rows += len(batch)
                 if pending is not None:
@@ -500,6 +543,12 @@ class Engine:
                 pending = None
                 if device_lost(e):
                     raise
+
+    def _take_cuts(self) -> list[tuple[Stream, int]]:
+        cut, self.sched.cut_now = self.sched.cut_now, []
+        if cut:
+            log.warning("the KV pool had no page for %d decoding streams: their segments end early", len(cut))
+        return cut
 
     def _fail_decoding(self, streams: list[Stream], e: Exception) -> None:
         """A decode step raised: the streams it held (in the failed step, or in the step

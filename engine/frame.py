@@ -101,10 +101,8 @@ def decode_frame(
     window: Tensor,
     frame_index: Tensor,
     plan: KernelPlan = REFERENCE,
-    prefix: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
-    the next frame [B, 1 + C]. `prefix`: where each stream's voice prompt is read from
-    (model.decode_slow)."""
-    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, plan, prefix)
+    the next frame [B, 1 + C]."""
+    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, plan)
     return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index, plan)

@@ -151,7 +151,9 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         plan = meta.plan
         if isinstance(meta, DecodeMeta) and plan.fused_qkv:
-            q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, meta.slots, meta.positions, plan, codes)
+            # the pool viewed as [pages * P, 1, K, Dh]: row `flat`, position 0
+            q = self._qkv_into_cache(x, cos_sin, k_cache.view(-1, 1, *k_cache.shape[2:]),
+                                     v_cache.view(-1, 1, *v_cache.shape[2:]), meta.flat, 0, plan, codes)
             y = decode_cached(q, k_cache, v_cache, meta)
         elif isinstance(meta, FastMeta) and plan.fused_qkv:
             q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, plan, codes)

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta
+from engine.attention import BatchPrefillMeta, DecodeMeta, FastMeta, PrefillMeta, flat_positions
 from engine.config import ModelConfig
 from engine.kernel_plan import REFERENCE, KernelPlan
 from engine.kv_cache import FastCache, KVCache
@@ -116,7 +116,7 @@ class DualARModel(nn.Module):
         Returns (head logits [1, num_semantic + 1] fp32, fast input [1, fast_dim]) at the last position."""
         s = tokens.shape[-1]
         positions = torch.arange(start, start + s, device=tokens.device)[None]
-        h, normed = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start, plan))
+        h, normed = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(slot, start, kv.page_table, plan))
         return self._head(h[:, -1], normed[:, -1], plan)
 
     def prefill_batch(
@@ -125,25 +125,24 @@ class DualARModel(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Append a segment to each of B streams at once. tokens: [B, 1 + C, S], right-padded;
         slots, starts, lengths: [B] int64 (device; a row of length 0 writes only to the
-        scratch row). Returns the head logits and fast input at each stream's last real
+        scratch page). Returns the head logits and fast input at each stream's last real
         position: [B, num_semantic + 1], [B, fast_dim]. With the plan's attention kernels
         nothing depends on host lengths: CUDA-graph safe."""
         b, s = tokens.shape[0], tokens.shape[-1]
         positions = (starts[:, None] + torch.arange(s, device=tokens.device)[None, :]).clamp(max=self.config.max_seq_len - 1)
-        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.scratch_row, plan)
+        meta = BatchPrefillMeta(slots, starts, lengths, kv_len, kv.page_table, plan)
         h, normed = self._slow(self.embed(tokens), positions, kv, meta)
         last = (torch.arange(b, device=h.device), (lengths - 1).clamp(min=0))
         return self._head(h[last], normed[last], plan)
 
     def decode_slow(
         self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache,
-        plan: KernelPlan = REFERENCE, prefix: tuple[Tensor, Tensor] | None = None,
+        plan: KernelPlan = REFERENCE,
     ) -> tuple[Tensor, Tensor]:
-        """One position for each of B streams. tokens: [B, 1 + C]; slots, positions: [B].
-        `prefix` (rows, lengths), with the plan's attention kernel, where each stream reads
-        its voice prompt's positions from (attention.DecodeMeta)."""
-        rows, lens = prefix if prefix is not None and plan.attention else (None, None)
-        meta = DecodeMeta(slots, positions, kv_len, plan, positions + 1 if plan.attention else None, rows, lens)
+        """One position for each of B streams. tokens: [B, 1 + C]; slots (page-table
+        rows), positions: [B]."""
+        flat = flat_positions(kv.page_table, kv.page_size, slots, positions)
+        meta = DecodeMeta(slots, positions, kv_len, kv.page_table, flat, plan, positions + 1 if plan.attention else None)
         h, normed = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
         return self._head(h[:, 0], normed[:, 0], plan)
 
@@ -152,7 +151,7 @@ class DualARModel(nn.Module):
         (parity tests and training; serving uses the sampling head)."""
         kv = KVCache.allocate(self.config, 1, tokens.shape[-1], tokens.device, self.embeddings.weight.dtype)
         positions = torch.arange(tokens.shape[-1], device=tokens.device)[None]
-        _, x = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(0, 0))
+        _, x = self._slow(self.embed(tokens[None]), positions, kv, PrefillMeta(0, 0, kv.page_table))
         w = self.embeddings.weight if self.config.tie_word_embeddings else self.output.weight
         return (x @ w.t())[0]
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from engine.device_state import DeviceState, PrefixKV
+from engine.device_state import DeviceState
 from engine.graphs import capture
 from engine.kernel_plan import KernelPlan
 from engine.kv_cache import FastCache
@@ -31,7 +31,17 @@ PREFILL_BATCHES = (1, 2, 4, 8, 16)
 PREFILL_LENGTHS = (16, 32, 64, 128, 256)
 PREFILL_CHUNK_TOKENS = 2048
 
-Item = tuple[int, int, Tensor, SamplingParams]  # slot, start position, tokens [1 + C, T], sampling
+Item = tuple[int, int, Tensor, SamplingParams]  # row, start position, tokens [1 + C, T], sampling
+
+
+@dataclass(slots=True)
+class RowPages:
+    """A stream's page-table row for a prefill, and the shared pages to copy first
+    (engine/scheduler.py PrefillWork)."""
+
+    slot: int
+    pages: list[int]
+    copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -70,7 +80,7 @@ class _SecondFrameGraph:
 
 
 class Prefiller:
-    def __init__(self, state: DeviceState, plan: KernelPlan, cuda_graphs: bool, chunked: bool) -> None:
+    def __init__(self, state: DeviceState, plan: KernelPlan, cuda_graphs: bool, chunked: bool, max_batch: int) -> None:
         self.state = state
         self.plan = plan.without_pdl()
         # the eager prefill attends through PyTorch's SDPA (host-known lengths)
@@ -81,7 +91,7 @@ class Prefiller:
         self.chunked = chunked
         if chunked and not plan.attention:
             raise ValueError("chunked prefill attends through the Triton kernels (plan.attention)")
-        wanted = min(state.max_running, MAX_PREFILL_BATCH)
+        wanted = min(max_batch, MAX_PREFILL_BATCH)
         self.batches = [b for b in PREFILL_BATCHES if b < wanted] + [next(b for b in PREFILL_BATCHES if b >= wanted)]
         self.chunk_graphs: dict[tuple[int, int], _ChunkGraph] = {}
         self.first_graphs: dict[int, _FirstFrameGraph] = {}
@@ -94,32 +104,17 @@ class Prefiller:
     # --- voice prompts ---------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefix(self, slot: int, tokens: Tensor) -> PrefixKV:
-        """Prefill a voice prompt ([1 + C, L]) into `slot` from position 0; returns a copy
-        of its KV for the voice cache."""
+    def prefix(self, row: RowPages, tokens: Tensor) -> None:
+        """Prefill a voice prompt ([1 + C, L]) into the row's pages from position 0."""
         st, length = self.state, tokens.shape[1]
         st.check_room(0, length)
         with self.lock, st.on_stream("prefill_stream"):
-            st.hold_prefix(slot, None)
+            self._write_rows([row])
             if self.chunked:
-                self._chunks([(slot, 0, tokens)])
+                self._chunks([(row.slot, 0, tokens)])
             else:
-                st.model.prefill(tokens.to(st.device, non_blocking=True), slot, 0, st.kv, self.eager_plan)
-            prefix = PrefixKV(st.kv.k[:, slot, :length].clone(), st.kv.v[:, slot, :length].clone(), length)
+                st.model.prefill(tokens.to(st.device, non_blocking=True), row.slot, 0, st.kv, self.eager_plan)
             self._sync()
-            st.hold_prefix(slot, (prefix.ident, length))
-        return prefix
-
-    @torch.inference_mode()
-    def load_prefix(self, slot: int, prefix: PrefixKV) -> None:
-        """Copy a cached voice prompt into `slot` (a device copy instead of a prefill)."""
-        st = self.state
-        with self.lock, st.on_stream("prefill_stream"):
-            st.hold_prefix(slot, None)
-            st.kv.k[:, slot, : prefix.length].copy_(prefix.k, non_blocking=True)
-            st.kv.v[:, slot, : prefix.length].copy_(prefix.v, non_blocking=True)
-            self._sync()
-            st.hold_prefix(slot, (prefix.ident, prefix.length))
 
     @torch.inference_mode()
     def encode_audio(self, codec, wav: np.ndarray) -> Tensor:
@@ -132,19 +127,29 @@ class Prefiller:
     # --- segments --------------------------------------------------------------------
 
     @torch.inference_mode()
-    def segments(self, items: list[Item]) -> list[np.ndarray]:
+    def segments(self, items: list[Item], rows: list[RowPages]) -> list[np.ndarray]:
         """Prefill several streams' segments together, each as it would be alone, and sample
         each one's first frame; returns them [1 + C] on the host (waiting for this prefill
-        only) and leaves each slot's decode state set."""
+        only) and leaves each row's decode state set. `rows`: the page-table rows (and
+        page copies) the segments are written through, set first."""
         if not 1 <= len(items) <= MAX_PREFILL_BATCH:
             raise ValueError(f"1 to {MAX_PREFILL_BATCH} segments per batched prefill, got {len(items)}")
         st = self.state
         for slot, start, tokens, _ in items:
             st.check_room(start, tokens.shape[1])
-            held = st.slot_prefix[slot]
-            if held is not None and start < held[1]:  # overwrites the voice prompt: no longer shared
-                st.hold_prefix(slot, None)
+        with self.lock, st.on_stream("prefill_stream"):
+            self._write_rows(rows)
         return self._chunked_segments(items) if self.chunked else self._eager_segments(items)
+
+    def _write_rows(self, rows: list[RowPages]) -> None:
+        """The rows' page-table entries and page copies, on the prefill stream (lock held)."""
+        st = self.state
+        entries = [(r.slot, i, page) for r in rows for i, page in enumerate(r.pages)]
+        if entries:
+            st.write_entries(entries)
+        copies = [pair for r in rows for pair in r.copies]
+        if copies:
+            st.copy_pages(copies)
 
     def _eager_segments(self, items: list[Item]) -> list[np.ndarray]:
         st, dev, plan = self.state, self.state.device, self.eager_plan

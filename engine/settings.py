@@ -19,16 +19,23 @@ class BenchSettings:
     ignore_end: bool = False  # never sample end-of-speech: every segment is max_new_tokens frames
     gemv: bool = True  # False: single-stream steps on cuBLAS instead of kernels/gemv.py
     pdl: bool = True  # False: the batch-1 decode graph without programmatic dependent launch
-    shared_prefix_reads: bool = True  # False: every stream reads its voice prompt from its own KV row
     prefill_second_frame: bool = True  # False: a segment's second frame comes from the decode batch
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    max_running: int = 8  # streams holding a KV slot (open connections)
-    max_queued: int = 16  # streams waiting for a slot; more are refused
+    # streams decoding at once (the decode batch); None: 8 on a CPU, on a GPU
+    # DEFAULT_GPU_RUNNING or what the KV pool holds if less
+    max_running: int | None = None
+    max_streams: int = 1024  # open streams: each holds a page-table row and the codec's state
+    max_queued: int = 16  # streams waiting for a row or for KV pages; more are refused
     max_len: int = 4096  # KV positions per stream (voice prompt + context)
-    voice_cache_bytes: int = 1 << 30  # device memory for cached voice prefixes
+    voice_cache_bytes: int = 1 << 30  # most KV memory kept for cached voice prompts
+    # the KV page pool: None sizes it from gpu_memory_fraction on a GPU, and on a CPU holds
+    # max_running whole contexts twice over
+    kv_cache_bytes: int | None = None
+    gpu_memory_fraction: float = 0.9  # of the GPU's memory the process may use, KV pool included
+    kv_page_size: int = 32  # positions per KV page ("Paged KV" in latency_bench/RESULTS.md)
     max_reference_seconds: float = 30.0
     # "fp8": the KV cache as e4m3 with a scale per position and head: 0.56x the memory,
     # no faster under load ("FP8 KV cache" in RESULTS.md)
@@ -51,8 +58,16 @@ class EngineConfig:
     bench: BenchSettings = field(default_factory=BenchSettings)
 
     def __post_init__(self) -> None:
-        if self.max_running < 1 or self.max_queued < 0 or self.max_len < 64:
+        if (self.max_running is not None and self.max_running < 1) or self.max_queued < 0 or self.max_len < 64:
             raise ValueError("max_running >= 1, max_queued >= 0 and max_len >= 64 are required")
+        if not 1 <= self.max_streams <= 65536:
+            raise ValueError(f"max_streams must be in 1..65536, got {self.max_streams}")
+        if not 0.1 <= self.gpu_memory_fraction <= 1.0:
+            raise ValueError(f"gpu_memory_fraction must be in 0.1..1, got {self.gpu_memory_fraction}")
+        if self.kv_page_size not in (16, 32, 64):
+            raise ValueError(f"kv_page_size must be 16, 32 or 64, got {self.kv_page_size}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1 << 20:
+            raise ValueError(f"kv_cache_bytes must be at least 1 MiB, got {self.kv_cache_bytes}")
         if self.cpu_threads is not None and not 1 <= self.cpu_threads <= 1024:
             raise ValueError(f"cpu_threads must be None (auto) or in 1..1024, got {self.cpu_threads}")
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:

@@ -42,7 +42,7 @@ def _qk_rope_kv_kernel(
     stride_kr, stride_kl, stride_kk, stride_vr, stride_vl, stride_vk,
     eps, step,
     H: tl.constexpr, KV: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr, PER_ROW: tl.constexpr,
-    KV_FP8: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    KV_FP8: tl.constexpr, SOFT_ROUND: tl.constexpr, POS_PER_ROW: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
     pdl_wait(PDL)  # PDL: the step's earlier kernels are done (kernels/pdl.py)
@@ -53,9 +53,12 @@ def _qk_rope_kv_kernel(
     head = tl.program_id(1)  # 0..H-1 queries, H..H+KV-1 keys, then KV values
     i = tl.arange(0, HALF)
     src = qkv_ptr + b * stride_xb + head * (2 * HALF)
-    if PER_ROW:  # decode: each stream's KV row and position
+    if PER_ROW:  # decode: each stream's KV row and position (or one position for all)
         slot = tl.load(slot_ptr + b)
-        pos = tl.load(pos_ptr + b)
+        if POS_PER_ROW:
+            pos = tl.load(pos_ptr + b)
+        else:
+            pos = step
     else:  # the fast transformer: row b, position `step` for all
         slot = b
         pos = step
@@ -130,8 +133,10 @@ def _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n
     if slots is None:
         if not isinstance(positions, int) or not 0 <= positions < length or b > rows:
             raise ValueError(f"without slots, rows 0..B-1 are written at one int position in [0, {length})")
-    elif slots.shape != (b,) or positions.shape != (b,) or slots.dtype != torch.int64 or positions.dtype != torch.int64:
-        raise ValueError("slots and positions must be int64 [batch]")
+    elif slots.shape != (b,) or slots.dtype != torch.int64 or (
+            isinstance(positions, int) and not 0 <= positions < length) or (
+            not isinstance(positions, int) and (positions.shape != (b,) or positions.dtype != torch.int64)):
+        raise ValueError(f"slots must be int64 [batch], positions int64 [batch] or an int in [0, {length})")
     if packed and slots is None:
         raise ValueError("packed FP8 caches are the slow transformer's (written per row, with slots)")
     if not packed and qkv.dtype != k_cache.dtype:
@@ -148,19 +153,22 @@ def qk_rope_kv(
 ) -> Tensor:
     """See the module docstring. q_scale / k_scale None: no QK-norm. slots None: rows
     0..B-1 of the caches, all at the int position `positions` (the fast transformer's
-    per-frame cache). Returns q [B, H, Dh]. `pdl`: kernels/pdl.py."""
+    per-frame cache); slots with an int position: each row `slots[b]` at that position
+    (the paged slow cache, viewed as [pages * P, 1, K, Dh] with slots the flat
+    positions). Returns q [B, H, Dh]. `pdl`: kernels/pdl.py."""
     b, kv, dh = _check(qkv, q_scale, k_scale, cos_sin, k_cache, v_cache, slots, positions, n_head)
     q = torch.empty(b, n_head, dh, device=qkv.device, dtype=qkv.dtype)
     per_row = slots is not None
+    pos_per_row = per_row and not isinstance(positions, int)
     fp8, k_arg, v_arg, k_scales, v_scales = kernel_args(k_cache, v_cache)
     _qk_rope_kv_kernel[(b, n_head + 2 * kv)](
         qkv, q_scale if q_scale is not None else qkv, k_scale if k_scale is not None else qkv,  # unread without QK-norm
-        cos_sin, slots if per_row else qkv, positions if per_row else qkv, q, k_arg, v_arg, k_scales, v_scales,
+        cos_sin, slots if per_row else qkv, positions if pos_per_row else qkv, q, k_arg, v_arg, k_scales, v_scales,
         qkv.stride(0), cos_sin.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        eps, 0 if per_row else positions,
-        H=n_head, KV=kv, HALF=dh // 2, QK_NORM=q_scale is not None, PER_ROW=per_row,
+        eps, 0 if pos_per_row else positions,
+        H=n_head, KV=kv, HALF=dh // 2, QK_NORM=q_scale is not None, PER_ROW=per_row, POS_PER_ROW=pos_per_row,
         KV_FP8=fp8, SOFT_ROUND=fp8 and interpreting(), **launch_args(pdl),
     )
     return q
@@ -181,7 +189,7 @@ def qk_rope_kv_reference(
     cos, sin = cos_sin[:, None, :, 0], cos_sin[:, None, :, 1]
     qk = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2).to(qkv.dtype)
     rows = slots if slots is not None else torch.arange(b, device=qkv.device)
-    at = positions if slots is not None else torch.full((b,), positions, device=qkv.device)
+    at = positions if isinstance(positions, Tensor) else torch.full((b,), positions, device=qkv.device)
     k_cache[rows, at] = store_form(qk[:, n_head:], k_cache)
     v_cache[rows, at] = store_form(qkv[:, (n_head + kv) * dh :].view(b, kv, dh), v_cache)
     return qk[:, :n_head].contiguous()

@@ -28,9 +28,9 @@ class ServiceConfig:
     voices_dir: Path = Path("voices")
     idle_timeout_s: float = 300.0  # a connection with nothing to do for this long is closed
     start_timeout_s: float = 30.0  # a new connection that sends no `start` for this long is closed
-    # live connections at once (each holds a socket and a session, started or not; KV
-    # slots are limited separately by max_running / max_queued): more are refused at the
-    # handshake with 503, so idle sockets cannot exhaust the process's file descriptors
+    # live connections at once (each holds a socket and a session, started or not; a
+    # started one holds an engine stream, EngineConfig.max_streams): more are refused at
+    # the handshake with 503, so idle sockets cannot exhaust the process's file descriptors
     max_connections: int = 1024
     max_voices: int = 1000  # stored voices (POST /v1/voices); more are refused until one is deleted
     ready_timeout_s: float = 120.0  # open-to-ready longer than this is an error
@@ -69,10 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", default="none", choices=QUANT_MODES, help="fp8: block-scaled FP8 linear layers")
     p.add_argument("--kv-quant", default="none", choices=KV_QUANTS,
                    help="KV cache storage (fp8: e4m3 with a scale per position and head, 0.56x the memory)")
-    p.add_argument("--max-running", type=int, default=8, help="streams holding a KV slot at once")
-    p.add_argument("--max-queued", type=int, default=16, help="streams waiting for a slot; more are refused")
-    p.add_argument("--max-len", type=int, default=4096, help="KV positions per stream")
-    p.add_argument("--voice-cache-mb", type=int, default=1024, help="device memory for cached voice prompts")
+    p.add_argument("--max-running", type=int, default=None,
+                   help="streams decoding at once, the decode batch (default: 128 on a GPU, fewer if the KV pool is "
+                        "small; 8 on a CPU)")
+    p.add_argument("--max-queued", type=int, default=16,
+                   help="streams waiting for KV pages (or a free stream); more are refused with busy")
+    p.add_argument("--max-len", type=int, default=4096, help="KV positions per stream (voice prompt + context)")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
+                   help="share of the GPU's memory this process may use; the KV page pool gets what the weights, "
+                        "codec and CUDA graphs leave of it")
+    p.add_argument("--kv-cache-mb", type=int, default=None,
+                   help="the KV page pool's size instead (default: from --gpu-memory-fraction on a GPU; on a CPU, "
+                        "twice --max-running whole contexts)")
+    p.add_argument("--voice-cache-mb", type=int, default=1024, help="most KV memory kept for cached voice prompts")
     p.add_argument("--voices-dir", default="voices", help="where stored voices are kept")
     p.add_argument("--api-key", action="append", default=[],
                    help="accepted API key (repeatable; also $REALTIME_API_KEYS, comma-separated)")
@@ -139,7 +148,9 @@ def _limits(pairs: list[str]) -> tuple[Limits, dict]:
 def _service_config(a: argparse.Namespace, keys: set[str], bench) -> ServiceConfig:
     limits, service = _limits(a.limit)
     engine = EngineConfig(
-        max_running=a.max_running, max_queued=a.max_queued, max_len=a.max_len, voice_cache_bytes=a.voice_cache_mb << 20,
+        max_running=a.max_running, max_streams=a.max_connections, max_queued=a.max_queued, max_len=a.max_len,
+        voice_cache_bytes=a.voice_cache_mb << 20, gpu_memory_fraction=a.gpu_memory_fraction,
+        kv_cache_bytes=None if a.kv_cache_mb is None else a.kv_cache_mb << 20,
         max_reference_seconds=limits.max_reference_seconds, kv_quant=a.kv_quant, log_timing="timing" in a.debug,
         reference_kernels=a.reference_kernels, codec_hold_lead_s=None if a.codec_hold_lead < 0 else a.codec_hold_lead,
         codec_max_chunk=a.codec_max_chunk, codec_first_frames=a.codec_first_frames,

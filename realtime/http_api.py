@@ -68,11 +68,14 @@ async def health(request: Request) -> Response:
     engine = _services(request).engine
     b = engine.bundle
     failed = engine.failure is not None  # a worker thread stopped: 503, so a supervisor restarts it
+    stats = engine.stats()
     return JSONResponse({
         "status": "error" if failed else "ok", **({"error": engine.failure} if failed else {}),
         "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
-        "sample_rate": engine.sample_rate, "max_running": engine.config.max_running,
-        "streams": {k[8:]: v for k, v in engine.stats().items() if k.startswith("streams_")},
+        "sample_rate": engine.sample_rate, "max_running": stats["decode_max_batch"],
+        "streams": {k[8:]: v for k, v in stats.items() if k.startswith("streams_")},
+        # the KV page pool: pages of `page_size` positions, `page_bytes` each
+        "kv_pages": {k[3:]: v for k, v in stats.items() if k.startswith("kv_")},
     }, status_code=503 if failed else 200)
 
 

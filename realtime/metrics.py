@@ -13,7 +13,8 @@ TTFA_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2
 
 # engine stats that only grow (besides every "*_seconds" one: time by thread phase)
 ENGINE_COUNTERS = ("decode_steps", "frames", "prefills", "voice_cache_hits", "voice_cache_misses",
-                   "decode_rows", "codec_calls", "codec_frames", "codec_padded_frames")
+                   "decode_rows", "codec_calls", "codec_frames", "codec_padded_frames", "kv_evicted_contexts",
+                   "kv_page_cuts")
 
 
 class Histogram:
