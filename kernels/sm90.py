@@ -26,7 +26,7 @@ install that wheel aside and put it first on the path:
     PYTHONPATH=/tmp/tri36:$PWD python -m kernels.sm90
 
     python -m kernels.sm90          # the FP8 GEMM variants: shared memory, TMA, cp.async, partitions, registers (JSON)
-    python -m kernels.sm90 --attention  # decode attention (shared prefix rows or not), blocked prefill attention
+    python -m kernels.sm90 --attention  # decode attention (pages of 16 and 64), blocked prefill attention
 
 Not under the Triton interpreter (TRITON_INTERPRET=1 replaces every @triton.jit function
 by its interpreted form, which has nothing to compile): the CLI turns it off for itself,
@@ -168,26 +168,30 @@ VARIANTS = {
 
 def attention_kernels() -> dict[str, Compiled]:
     """The attention kernels at the S2-Pro heads (32 query heads, 8 KV heads of 128, bf16
-    cache) as the engine launches them: decode attention at its large-batch launch with
-    and without shared prefix rows, and the blocked prefill attention."""
-    strides = ["stride_qb", "stride_qh", "stride_kr", "stride_kl", "stride_kk", "stride_vr", "stride_vl", "stride_vk"]
-    decode = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr")}
+    cache) as the engine launches them: decode attention at its large-batch launch over
+    pages of 16 and of 64 positions (the smallest page takes the most page-table loads a
+    block, the largest the fewest), and the blocked prefill attention over pages of 16."""
+    strides = ["stride_qb", "stride_qh", "stride_kp", "stride_kl", "stride_kk", "stride_vp", "stride_vl", "stride_vk",
+               "stride_tr"]
+    decode = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr")} | {"table_ptr": "*i32"}
     decode |= {"ks_ptr": "*fp32", "vs_ptr": "*fp32", "part_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
-    decode |= {n: "*i64" for n in ("slots_ptr", "lengths_ptr", "prefix_rows_ptr", "prefix_lens_ptr")}
+    decode |= {n: "*i64" for n in ("slots_ptr", "lengths_ptr")}
     decode |= {n: "i32" for n in strides + ["stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh"]}
-    aligned = {n for n in decode if n.endswith("_ptr")} | {"stride_kr", "stride_kl", "stride_vr", "stride_vl"}
+    # the page table's row stride (max_pages) is whatever the engine's max length gives: not assumed aligned
+    aligned = {n for n in decode if n.endswith("_ptr")} | {"stride_kp", "stride_kl", "stride_vp", "stride_vl"}
     out = {}
-    for name, shared in (("decode", False), ("decode_shared_prefix", True)):
-        consts = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "SPLIT_SIZE": LARGE_BF16.split, "BLOCK": LARGE_BF16.block,
-                  "DOT_FP32": False, "KV_FP8": False, "SHARED_PREFIX": shared, "PDL": False}
-        out[name] = compile_sm90(
+    for page in (16, 64):
+        consts = {"GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128, "PAGE": page, "SPLIT_SIZE": LARGE_BF16.split,
+                  "BLOCK": LARGE_BF16.block, "DOT_FP32": False, "KV_FP8": False, "PDL": False}
+        out[f"decode_page{page}"] = compile_sm90(
             _decode_attention_split_kernel, decode, consts, LARGE_BF16.num_warps, LARGE_BF16.num_stages, aligned)
-    prefill = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    prefill = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")} | {"table_ptr": "*i32"}
     prefill |= {n: "*i64" for n in ("slots_ptr", "starts_ptr", "lengths_ptr")} | {"scale": "fp32", "seq_len": "i32"}
     prefill |= {n: "i32" for n in strides + ["stride_qs", "stride_ob", "stride_os", "stride_oh"]}
-    aligned = {n for n in prefill if n.endswith("_ptr")} | {"stride_qb", "stride_qs", "stride_kr", "stride_kl",
-                                                             "stride_vr", "stride_vl", "stride_ob", "stride_os"}
-    consts = {"GROUP": 4, "HEAD_DIM": 128, "BLOCK_Q": BLOCK_Q, "BLOCK_N": BLOCK_N, "DOT_FP32": False, "PDL": False}
+    aligned = {n for n in prefill if n.endswith("_ptr")} | {"stride_qb", "stride_qs", "stride_kp", "stride_kl",
+                                                             "stride_vp", "stride_vl", "stride_ob", "stride_os"}
+    consts = {"GROUP": 4, "HEAD_DIM": 128, "PAGE": 16, "BLOCK_Q": BLOCK_Q, "BLOCK_N": BLOCK_N, "DOT_FP32": False,
+              "PDL": False}
     out["prefill_blocked"] = compile_sm90(_prefill_attention_kernel, prefill, consts, NUM_WARPS, 2, aligned)
     return out
 

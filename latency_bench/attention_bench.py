@@ -1,6 +1,7 @@
 """`python -m latency_bench.attention_bench`: the decode-attention kernel alone, bf16 KV
 cache against the FP8 one (kernels/kv_fp8.py), over its launch choices (positions per
-program, per inner step, warps, stages).
+program, per inner step, warps, stages). The cache is paged (`--page-size` positions a
+page), each stream's pages consecutive.
 
 The FP8 cache reads 0.56x the bytes, yet on an H200 the batch-64 step with it was slower
 (kernels/FP8_NOTES.md): the bf16 kernel streams its KV at about the card's copy rate and
@@ -13,10 +14,10 @@ choice against the best bf16 one: the ratio to beat is 1 / 0.56.
     python -m latency_bench.attention_bench --smoke   # a CPU check of the script (interpreter)
 
 With `--shared-prefix N` it times instead the default launch (launch_choice) of both
-caches with every stream reading its first N positions from its own row against from
-one row of the batch (kernels/decode_attention.py, shared voice prefixes: N = 340 is the
-load benchmark's voice prompt), the same call's ratio; `--voices V` splits the batch
-into V voices (stream i speaks voice i mod V):
+caches with every stream reading the full pages of its first N positions from its own
+copy against from pages shared by every stream of its voice (kernels/decode_attention.py,
+shared pages: N = 340 is the load benchmark's voice prompt), the same call's ratio;
+`--voices V` splits the batch into V voices (stream i speaks voice i mod V):
 
     python -m latency_bench.attention_bench --batch 64 --context 700 --shared-prefix 340 --voices 2
 
@@ -38,19 +39,31 @@ from latency_bench.jsonfile import write_json
 from latency_bench.kernel_bench import L2_BYTES, Timer, bench_device
 
 
-def make_cache(batch: int, context: int, kv_heads: int, head_dim: int, fp8: bool, device) -> tuple:
+def make_cache(batch: int, context: int, kv_heads: int, head_dim: int, fp8: bool, page: int,
+               device) -> tuple[tuple, torch.Tensor]:
+    """(k, v) pages [1 + batch * ceil(context / page), page, K, D] and the page table
+    [batch, ceil(context / page)]: stream b's pages consecutive after the scratch page 0."""
     from kernels.kv_fp8 import pack_kv
 
+    per_row = -(-context // page)
     g = torch.Generator(device="cpu").manual_seed(0)
-    k = torch.randn(batch + 1, context, kv_heads, head_dim, generator=g).to(device, torch.bfloat16)
-    v = torch.randn(batch + 1, context, kv_heads, head_dim, generator=g).to(device, torch.bfloat16)
-    return (pack_kv(k), pack_kv(v)) if fp8 else (k, v)
+    k = torch.randn(1 + batch * per_row, page, kv_heads, head_dim, generator=g).to(device, torch.bfloat16)
+    v = torch.randn(1 + batch * per_row, page, kv_heads, head_dim, generator=g).to(device, torch.bfloat16)
+    table = torch.arange(1, 1 + batch * per_row, device=device, dtype=torch.int32).view(batch, per_row)
+    return ((pack_kv(k), pack_kv(v)) if fp8 else (k, v)), table
 
 
-def layer_copies(one: tuple, batch: int, smoke: bool) -> tuple[int, list[tuple]]:
+def widened(table: torch.Tensor, max_length: int, page: int) -> torch.Tensor:
+    """The page table with columns up to max_length, the new ones at the scratch page 0
+    (never read: they lie past every length)."""
+    width = max(table.shape[1], -(-max_length // page))
+    return torch.nn.functional.pad(table, (0, width - table.shape[1])).contiguous()
+
+
+def layer_copies(one: tuple, batch: int, context: int, smoke: bool) -> tuple[int, list[tuple]]:
     """The bytes one call must read, and copies of the (k, v) caches enough to overflow L2
     (each timed call reads another, as each layer of a step does)."""
-    nbytes = sum(c[:batch].numel() * c.element_size() for c in one)
+    nbytes = sum(batch * context * c[0, 0].numel() * c.element_size() for c in one)
     copies = 2 if smoke else max(2, min(16, math.ceil(4 * L2_BYTES / nbytes)))
     return nbytes, [one] + [tuple(c.clone() for c in one) for _ in range(copies - 1)]
 
@@ -65,8 +78,9 @@ def main(argv=None) -> int:
     p.add_argument("--warps", default="2,4,8")
     p.add_argument("--stages", default="1,2,3,4")
     p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--page-size", type=int, default=16, help="positions a KV page")
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
-                   help="time own rows against N shared prefix positions instead of the sweep")
+                   help="time own pages against the shared pages of an N-position prompt instead of the sweep")
     p.add_argument("--voices", type=int, default=1, help="with --shared-prefix: voices the batch speaks")
     p.add_argument("--max-length", type=int, default=0,
                    help="with --shared-prefix: the split count's bound (default the context; the engine's is its "
@@ -89,22 +103,22 @@ def main(argv=None) -> int:
     stages = [2] if a.smoke else [int(x) for x in a.stages.split(",")]
     g = torch.Generator(device="cpu").manual_seed(1)
     q = torch.randn(batch, heads, head_dim, generator=g).to(device, torch.bfloat16)
-    slots = torch.arange(batch, device=device)
+    slots = torch.arange(batch, device=device)  # page-table rows
     lengths = torch.full((batch,), context, device=device)
     timer = Timer(device, a.replays)
     if a.shared_prefix:
         return shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device)
     rows, t0 = [], time.perf_counter()
     for fp8 in (False, True):
-        one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
-        nbytes, caches = layer_copies(one, batch, a.smoke)
-        ref = decode_attention_reference(q.float(), *(c for c in one), slots, lengths) if a.smoke else None
+        one, table = make_cache(batch, context, kv_heads, head_dim, fp8, a.page_size, device)
+        nbytes, caches = layer_copies(one, batch, context, a.smoke)
+        ref = decode_attention_reference(q.float(), *one, table, slots, lengths) if a.smoke else None
         for split, block, w, st in itertools.product(splits, blocks, warps, stages):
             if split % block:
                 continue
 
             def call(kc, vc, split=split, block=block, w=w, st=st):
-                return decode_attention(q, kc, vc, slots, lengths, max_length=context, block=block,
+                return decode_attention(q, kc, vc, table, slots, lengths, max_length=context, block=block,
                                         num_warps=w, num_stages=st, split=split)
             if ref is not None:  # the smoke run checks what it times
                 err = ((call(*one).float() - ref).norm() / ref.norm()).item()
@@ -121,45 +135,51 @@ def main(argv=None) -> int:
     print(f"best bf16 {best[False]['us']:.1f} us, best fp8 {best[True]['us']:.1f} us: fp8 {ratio:.2f}x "
           f"(its bytes alone would give {best[False]['bytes'] / best[True]['bytes']:.2f}x)")
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
-               "batch": batch, "context": context, "heads": [heads, kv_heads, head_dim], "smoke": a.smoke,
+               "batch": batch, "context": context, "page_size": a.page_size, "heads": [heads, kv_heads, head_dim],
+               "smoke": a.smoke,
                "seconds": time.perf_counter() - t0, "rows": rows, "fp8_vs_bf16": ratio}
     write_json(Path(a.out) / "attention_bench.json", results)
     return 0
 
 
 def shared_prefix(a, q, slots, lengths, kv_heads, head_dim, timer, device) -> int:
-    """The default launch of each cache kind, own rows against a prefix shared through the
-    first stream of each voice."""
+    """The default launch of each cache kind, each stream's own copy of its voice prompt
+    against the prompt's full pages shared by its voice's streams (those of the voice's
+    first stream)."""
     from kernels.decode_attention import decode_attention
 
-    batch, context = q.shape[0], int(lengths[0])
+    batch, context, page = q.shape[0], int(lengths[0]), a.page_size
     n, voices = min(a.shared_prefix, context), max(1, min(a.voices, batch))
+    full = n // page  # a prompt's partial last page stays each stream's own (the stream writes after it)
     max_length = max(a.max_length, context)
-    prefix_rows, prefix_lens = slots % voices, torch.full_like(lengths, n)  # stream i: voice i mod V, led by stream i mod V
-    kinds = {"own": {}, "shared": {"prefix_rows": prefix_rows, "prefix_lens": prefix_lens}}
     rows, t0 = [], time.perf_counter()
     for fp8 in (False, True):
-        one = make_cache(batch, context, kv_heads, head_dim, fp8, device)
-        for cache in one:  # each stream holds its voice's prefix, as one voice's streams do
-            cache[:batch, :n] = cache[prefix_rows, :n]
-        nbytes, caches = layer_copies(one, batch, a.smoke)
-        outs = {name: decode_attention(q, *one, slots, lengths, max_length=max_length, **extra)
-                for name, extra in kinds.items()}
-        assert torch.equal(outs["own"], outs["shared"]), "shared prefix reads changed the output"
-        times = {name: timer.us_per_call([lambda c=c, extra=extra: decode_attention(
-            q, *c, slots, lengths, max_length=max_length, **extra) for c in caches]) for name, extra in kinds.items()}
-        unique = nbytes * (1 - n / context * (batch - voices) / batch)  # bytes left once each prefix is read once
+        one, own = make_cache(batch, context, kv_heads, head_dim, fp8, page, device)
+        leaders = own[slots % voices, :full]  # stream i: voice i mod V, led by stream i mod V
+        for cache in one:  # each stream holds its voice's prompt, as one voice's streams do
+            cache[own[:, :full].flatten().long()] = cache[leaders.flatten().long()]
+        shared = own.clone()
+        shared[:, :full] = leaders
+        tables = {"own": widened(own, max_length, page), "shared": widened(shared, max_length, page)}
+        nbytes, caches = layer_copies(one, batch, context, a.smoke)
+        outs = {name: decode_attention(q, *one, table, slots, lengths, max_length=max_length)
+                for name, table in tables.items()}
+        assert torch.equal(outs["own"], outs["shared"]), "shared pages changed the output"
+        times = {name: timer.us_per_call([lambda c=c, table=table: decode_attention(
+            q, *c, table, slots, lengths, max_length=max_length) for c in caches]) for name, table in tables.items()}
+        unique = nbytes * (1 - full * page / context * (batch - voices) / batch)  # each shared page read once
         row = {"fp8": fp8, "voices": voices, "bytes": nbytes, "bytes_without_copies": unique}
         row |= {f"{name}_us": us for name, us in times.items()}
         row |= {"speedup": times["own"] / times["shared"]}
         rows.append(row)
-        print(f"{'fp8 ' if fp8 else 'bf16'} batch {batch} context {context} prefix {n} voices {voices}: own rows "
-              f"{times['own']:.1f} us, shared prefix {times['shared']:.1f} us: {row['speedup']:.2f}x "
-              f"(bytes alone would allow {nbytes / unique:.2f}x)", flush=True)
+        print(f"{'fp8 ' if fp8 else 'bf16'} batch {batch} context {context} prompt {n} ({full} shared pages of "
+              f"{page}) voices {voices}: own pages {times['own']:.1f} us, shared pages {times['shared']:.1f} us: "
+              f"{row['speedup']:.2f}x (bytes alone would allow {nbytes / unique:.2f}x)", flush=True)
         del caches, one
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter)",
-               "batch": batch, "context": context, "max_length": max_length, "shared_prefix": n, "voices": voices,
-               "smoke": a.smoke, "seconds": time.perf_counter() - t0, "rows": rows}
+               "batch": batch, "context": context, "max_length": max_length, "page_size": page,
+               "shared_prefix": n, "shared_pages": full, "voices": voices, "smoke": a.smoke,
+               "seconds": time.perf_counter() - t0, "rows": rows}
     write_json(Path(a.out) / "attention_shared_prefix.json", results)
     return 0
 

@@ -1,5 +1,6 @@
-"""The decode-attention kernel against its PyTorch reference (Triton interpreter on the
-CPU, compiled on a GPU)."""
+"""The decode-attention kernel over paged KV caches against its PyTorch reference and
+against the same rows read contiguously (Triton interpreter on the CPU, compiled on a
+GPU)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,71 @@ import torch
 
 from kernels.decode_attention import decode_attention, decode_attention_reference
 from kernels.kv_fp8 import pack_kv, unpack_kv
+from tests.paged_kv import row_table, spoil_past, to_pages
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
 def case(b, h, k, d, rows, cache_len, lengths, dtype, seed=0):
+    """q [b, h, d] and contiguous k/v rows [rows, cache_len, k, d]; slots, lengths."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, d, generator=g).to(DEVICE, dtype)
     kc = torch.randn(rows, cache_len, k, d, generator=g).to(DEVICE, dtype)
     vc = torch.randn(rows, cache_len, k, d, generator=g).to(DEVICE, dtype)
     slots = torch.randperm(rows, generator=g)[:b].to(DEVICE)
     return q, kc, vc, slots, torch.tensor(lengths, device=DEVICE)
+
+
+def paged_case(b, h, k, d, rows, cache_len, lengths, dtype, page=16, **pages):
+    q, kc, vc, slots, lens = case(b, h, k, d, rows, cache_len, lengths, dtype)
+    (kp, table), (vp, _) = to_pages(kc, page, **pages), to_pages(vc, page, **pages)
+    return q, kp, vp, table, slots, lens
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "fp8"])
+def test_paged_equals_contiguous_and_the_reference(page, kind):
+    """The same rows scattered into shuffled pages: bit for bit the attention over the
+    contiguous rows (the same values in the same order), and the reference's within the
+    dtype's tolerance. Lengths of 1, on and off page boundaries and across the 256-position
+    split; a page table wider than needed; rows 1 and 3 read their first pages from row 0's
+    (their own copies hold garbage)."""
+    dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    lengths = [300, 2 * page + 5, 3 * page, 1, 512]
+    q, kc, vc, _, lens = case(5, 8, 2, 16, rows=6, cache_len=512, lengths=lengths, dtype=dtype)
+    slots = torch.tensor([0, 1, 3, 4, 5], device=DEVICE)  # row 2 is not in the call
+    for c in (kc, vc):  # the voice prompt's pages
+        c[1, : 2 * page] = c[0, : 2 * page]
+        c[3, :page] = c[0, :page]
+    if kind == "fp8":  # values of very different sizes along the positions: a misplaced scale shows
+        vc = vc * torch.logspace(-3, 3, 512, base=2.0, device=DEVICE, dtype=dtype)[None, :, None, None]
+        kc, vc = pack_kv(kc), pack_kv(vc)
+    shared = [(0, 1, 2), (0, 3, 1)]
+    (kp, table), (vp, _) = to_pages(kc, page, shared=shared), to_pages(vc, page, shared=shared)
+    assert torch.equal(table[1, :2], table[0, :2]) and table.shape[1] > 512 // page
+    out = decode_attention(q, kp, vp, table, slots, lens, max_length=512)
+    assert not out.isnan().any()
+    assert torch.equal(out, decode_attention(q, kc, vc, row_table(kc), slots, lens, max_length=512))
+    ref = decode_attention_reference(q, kp, vp, table, slots, lens)
+    assert torch.equal(ref, decode_attention_reference(q, kc, vc, row_table(kc), slots, lens))
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("page", [16, 32, 64])
+def test_every_block_size_reads_every_page_size(page):
+    """Blocks within a page, one page a block and blocks across pages give the contiguous
+    rows' bits."""
+    q, kc, vc, slots, lens = case(3, 8, 2, 16, rows=4, cache_len=256, lengths=[1, 77, 256], dtype=torch.float32)
+    (kp, table), (vp, _) = to_pages(kc, page, seed=1), to_pages(vc, page, seed=1)
+    for block in (16, 32, 64):
+        launch = dict(split=128, block=block, num_warps=2, num_stages=1, max_length=256)
+        assert torch.equal(decode_attention(q, kp, vp, table, slots, lens, **launch),
+                           decode_attention(q, kc, vc, row_table(kc), slots, lens, **launch)), block
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -30,37 +84,51 @@ def case(b, h, k, d, rows, cache_len, lengths, dtype, seed=0):
     (5, 2, 1, 16, [7, 1, 257, 64, 31]),
 ])
 def test_matches_reference(b, h, k, d, lengths, dtype):
-    q, kc, vc, slots, lens = case(b, h, k, d, rows=7, cache_len=600, lengths=lengths, dtype=dtype)
-    out = decode_attention(q, kc, vc, slots, lens)
-    ref = decode_attention_reference(q, kc, vc, slots, lens)
-    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    assert err < TOL[dtype], err
+    q, kc, vc, table, slots, lens = paged_case(b, h, k, d, 7, 600, lengths, dtype, page=32)
+    out = decode_attention(q, kc, vc, table, slots, lens)
+    assert rel_err(out, decode_attention_reference(q, kc, vc, table, slots, lens)) < TOL[dtype]
 
 
-def test_ignores_positions_past_each_length():
+@pytest.mark.parametrize("fp8", [False, True])
+def test_ignores_positions_past_each_length(fp8):
+    """Garbage at every position past each stream's length, in its last page and in the
+    pages its table row points at beyond it, changes nothing."""
     q, kc, vc, slots, lens = case(2, 4, 2, 16, rows=3, cache_len=300, lengths=[10, 200], dtype=torch.float32)
-    before = decode_attention(q, kc, vc, slots, lens)
-    kc[:, 200:] = 1e4  # garbage beyond every length (e.g. a longer previous stream in the row)
-    vc[:, 200:] = float("nan")
-    assert torch.equal(decode_attention(q, kc, vc, slots, lens), before)
+    if fp8:
+        kc, vc = pack_kv(kc), pack_kv(vc)
+    (kp, table), (vp, _) = to_pages(kc, 16), to_pages(vc, 16)
+    before = decode_attention(q, kp, vp, table, slots, lens)
+    for c in (kp, vp):
+        spoil_past(c, table, slots, lens)
+    assert torch.equal(decode_attention(q, kp, vp, table, slots, lens), before)
 
 
 def test_max_length_bounds_the_splits_for_graphs():
-    q, kc, vc, slots, lens = case(2, 4, 2, 16, rows=3, cache_len=1024, lengths=[5, 300], dtype=torch.float32)
-    full = decode_attention(q, kc, vc, slots, lens)
-    bounded = decode_attention(q, kc, vc, slots, lens, max_length=512)
+    q, kc, vc, table, slots, lens = paged_case(2, 4, 2, 16, 3, 1024, [5, 300], torch.float32, spare_columns=0)
+    full = decode_attention(q, kc, vc, table, slots, lens)  # 1024 positions: 4 splits
+    bounded = decode_attention(q, kc, vc, table, slots, lens, max_length=512)
     torch.testing.assert_close(full, bounded, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="max_length 1040 exceeds"):
+        decode_attention(q, kc, vc, table, slots, lens, max_length=1040)
 
 
 def test_launcher_checks_shapes():
-    q, kc, vc, slots, lens = case(2, 6, 2, 16, rows=3, cache_len=64, lengths=[1, 2], dtype=torch.float32)
+    q, kc, vc, table, slots, lens = paged_case(2, 6, 2, 16, 3, 64, [1, 2], torch.float32)
     with pytest.raises(ValueError, match="powers of two"):
-        decode_attention(q, kc, vc, slots, lens)  # group 3
-    q, kc, vc, slots, lens = case(2, 4, 2, 16, rows=3, cache_len=64, lengths=[1, 2], dtype=torch.float32)
+        decode_attention(q, kc, vc, table, slots, lens)  # group 3
+    q, kc, vc, table, slots, lens = paged_case(2, 4, 2, 16, 3, 64, [1, 2], torch.float32)
     with pytest.raises(ValueError, match="int64"):
-        decode_attention(q, kc, vc, slots.int(), lens)
+        decode_attention(q, kc, vc, table, slots.int(), lens)
     with pytest.raises(ValueError, match="do not fit"):
-        decode_attention(q, kc, vc[:, :, :1], slots, lens)
+        decode_attention(q, kc, vc[:, :, :1], table, slots, lens)
+    with pytest.raises(ValueError, match="page table"):
+        decode_attention(q, kc, vc, table.long(), slots, lens)
+    with pytest.raises(ValueError, match="page table"):
+        decode_attention(q, kc, vc, table[:, ::2], slots, lens)  # not contiguous
+    with pytest.raises(ValueError, match="page table"):
+        decode_attention(q, kc, vc, table[0], slots, lens)
+    with pytest.raises(ValueError, match="page size 12"):
+        decode_attention(q, kc[:, :12], vc[:, :12], table, slots, lens)
 
 
 # --- the FP8 KV cache (kernels/kv_fp8.py) ----------------------------------------------
@@ -68,67 +136,46 @@ def test_launcher_checks_shapes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b, h, k, d, lengths", [
     (3, 8, 2, 16, [1, 300, 517]),
-    (1, 16, 2, 64, [600]),
     (2, 32, 8, 128, [5, 260]),  # the S2-Pro heads
 ])
 def test_fp8_cache_matches_the_reference_on_its_own_values(b, h, k, d, lengths, dtype):
-    """Read from packed caches, the kernel gives the reference's attention over the
-    dequantized values (what the cache holds), within the dtype's tolerance. Values of very
-    different sizes from one position to the next, so their scales differ along the
-    positions (a scale applied to the wrong position shows)."""
+    """Read from packed pages, the kernel gives the reference's attention over the
+    dequantized values (what the cache holds), within the dtype's tolerance; and the
+    unquantized values' within the e4m3 rounding."""
     q, kc, vc, slots, lens = case(b, h, k, d, rows=7, cache_len=600, lengths=lengths, dtype=dtype)
     vc = vc * torch.logspace(-3, 3, vc.shape[1], base=2.0, device=vc.device, dtype=vc.dtype)[None, :, None, None]
-    kp, vp = pack_kv(kc), pack_kv(vc)
-    out = decode_attention(q, kp, vp, slots, lens)
-    ref = decode_attention_reference(q, unpack_kv(kp, dtype), unpack_kv(vp, dtype), slots, lens)
-    assert torch.equal(ref, decode_attention_reference(q, kp, vp, slots, lens))  # the reference reads packed caches too
-    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    assert err < TOL[dtype], err
-    # and against the unquantized cache: the e4m3 rounding of keys and values, a few percent
-    full = decode_attention_reference(q, kc, vc, slots, lens)
-    err = ((out.float() - full.float()).norm() / full.float().norm()).item()
-    assert err < 0.08, err
-
-
-def test_fp8_cache_ignores_positions_past_each_length():
-    q, kc, vc, slots, lens = case(2, 4, 2, 16, rows=3, cache_len=300, lengths=[10, 200], dtype=torch.float32)
-    kp, vp = pack_kv(kc), pack_kv(vc)
-    before = decode_attention(q, kp, vp, slots, lens)
-    kp[:, 200:] = 255  # garbage beyond every length: NaN codes and a NaN scale
-    vp[:, 200:] = 255
-    assert torch.equal(decode_attention(q, kp, vp, slots, lens), before)
+    (kp, table), (vp, _) = to_pages(pack_kv(kc), 64), to_pages(pack_kv(vc), 64)
+    out = decode_attention(q, kp, vp, table, slots, lens)
+    ref = decode_attention_reference(q, unpack_kv(kp, dtype), unpack_kv(vp, dtype), table, slots, lens)
+    # the reference reads packed caches too
+    assert torch.equal(ref, decode_attention_reference(q, kp, vp, table, slots, lens))
+    assert rel_err(out, ref) < TOL[dtype]
+    full = decode_attention_reference(q, kc, vc, row_table(kc), slots, lens)  # e4m3 rounding: a few percent
+    assert rel_err(out, full) < 0.08
 
 
 def test_fp8_launcher_checks_layouts():
-    q, kc, vc, slots, lens = case(2, 4, 2, 16, rows=3, cache_len=64, lengths=[1, 2], dtype=torch.float32)
+    q, kc, vc, table, slots, lens = paged_case(2, 4, 2, 16, 3, 64, [1, 2], torch.float32)
     with pytest.raises(ValueError, match="share a layout"):
-        decode_attention(q, pack_kv(kc), vc, slots, lens)
+        decode_attention(q, pack_kv(kc), vc, table, slots, lens)
     with pytest.raises(ValueError, match="do not fit"):
-        decode_attention(q, pack_kv(torch.cat([kc, kc], -1)), pack_kv(torch.cat([vc, vc], -1)), slots, lens)
+        decode_attention(q, pack_kv(torch.cat([kc, kc], -1)), pack_kv(torch.cat([vc, vc], -1)), table, slots, lens)
     with pytest.raises(ValueError, match="share a dtype"):
-        decode_attention(q, kc.bfloat16(), vc.bfloat16(), slots, lens)
+        decode_attention(q, kc.bfloat16(), vc.bfloat16(), table, slots, lens)
 
+
+# --- launch choices -----------------------------------------------------------------------
 
 def test_launch_choices_give_the_same_attention():
     """block / num_warps / num_stages (latency_bench.attention_bench's sweep) change how the
     kernel runs, not what it computes."""
-    q, kc, vc, slots, lens = case(3, 8, 2, 16, rows=5, cache_len=300, lengths=[1, 130, 300], dtype=torch.float32)
-    base = decode_attention(q, kc, vc, slots, lens)
+    q, kc, vc, table, slots, lens = paged_case(3, 8, 2, 16, 5, 300, [1, 130, 300], torch.float32, page=32)
+    base = decode_attention(q, kc, vc, table, slots, lens)
     for split, block in ((256, 16), (256, 128), (64, 32), (512, 64)):
-        torch.testing.assert_close(decode_attention(q, kc, vc, slots, lens, block=block, num_warps=2, num_stages=1,
-                                                    split=split), base, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(decode_attention(q, kc, vc, table, slots, lens, block=block, num_warps=2,
+                                                    num_stages=1, split=split), base, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="block"):
-        decode_attention(q, kc, vc, slots, lens, block=48)
-
-
-def test_attention_benchmark_script_runs(tmp_path):
-    import json
-
-    from latency_bench.attention_bench import main
-
-    assert main(["--smoke", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "attention_bench.json").read_text())["rows"]
-    assert [r["fp8"] for r in rows] == [False, True] and all(r["us"] > 0 for r in rows)
+        decode_attention(q, kc, vc, table, slots, lens, block=48)
 
 
 def test_default_launch_follows_the_batch_and_the_cache_kind():
@@ -152,73 +199,24 @@ def test_large_batch_launch_matches_the_reference(fp8, dtype):
     assert launch_choice(32, 8, fp8) != launch_choice(1, 8, fp8) and LARGE_BF16.split == 512
     if fp8:
         kc, vc = pack_kv(kc), pack_kv(vc)
-    out = decode_attention(q, kc, vc, slots, lens, max_length=530)
-    ref = decode_attention_reference(q, kc, vc, slots, lens)
-    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    assert err < TOL[dtype], err
+    (kp, table), (vp, _) = to_pages(kc, 16), to_pages(vc, 16)
+    out = decode_attention(q, kp, vp, table, slots, lens, max_length=530)
+    assert rel_err(out, decode_attention_reference(q, kp, vp, table, slots, lens)) < TOL[dtype]
 
 
-# --- shared voice prefixes (prefix_rows / prefix_lens) ---------------------------------
+# --- the benchmark script -----------------------------------------------------------------
 
-def shared_prefix_case(fp8: bool, prefix: int, lengths: list[int], dtype=torch.float32):
-    """Rows 0-3 hold the same first `prefix` positions (one voice prompt copied into
-    each stream's row), rows 4-5 another; positions past the prefix differ per row."""
-    b = len(lengths)
-    q, kc, vc, _, lens = case(b, 8, 2, 16, rows=7, cache_len=600, lengths=lengths, dtype=dtype)
-    for cache in (kc, vc):
-        cache[1:4, :prefix] = cache[0, :prefix]
-        cache[5, :prefix] = cache[4, :prefix]
-    if fp8:
-        kc, vc = pack_kv(kc), pack_kv(vc)
-    slots = torch.tensor([0, 1, 2, 3, 4, 5][:b], device=DEVICE)
-    leaders = torch.tensor([0, 0, 0, 0, 4, 4][:b], device=DEVICE)
-    return q, kc, vc, slots, lens, leaders, torch.full((b,), prefix, device=DEVICE)
+def test_attention_benchmark_script_runs(tmp_path):
+    import json
+
+    from latency_bench.attention_bench import main
+
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "attention_bench.json").read_text())["rows"]
+    assert [r["fp8"] for r in rows] == [False, True] and all(r["us"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("prefix, lengths, split", [
-    (340, [1, 300, 341, 599, 340, 517], None),  # a stream shorter than the prefix, one at its edge
-    (100, [600, 64, 101, 257, 5, 600], 64),  # the prefix ends inside a split and inside a block
-    (0, [10, 20, 30, 40, 50, 60], None),  # no prefix: every position from the stream's own row
-])
-def test_shared_prefix_gives_the_same_bits(fp8, prefix, lengths, split):
-    """Read through one row per voice, the attention is bit for bit the attention over each
-    stream's own copy: the same values in the same order."""
-    q, kc, vc, slots, lens, leaders, plens = shared_prefix_case(fp8, prefix, lengths)
-    own = decode_attention(q, kc, vc, slots, lens, split=split)
-    shared = decode_attention(q, kc, vc, slots, lens, split=split, prefix_rows=leaders, prefix_lens=plens)
-    assert torch.equal(own, shared)
-
-
-@pytest.mark.parametrize("fp8", [False, True])
-def test_shared_prefix_reads_the_prefix_row_and_the_rest_from_its_own(fp8):
-    """Garbage in the followers' copies of the prefix changes nothing: each stream reads
-    its prefix from the leader's row and everything after it from its own. Without the
-    prefix rows the same garbage does change the output (so the check can fail)."""
-    prefix, lengths = 200, [400, 450, 201, 150, 300, 500]
-    q, kc, vc, slots, lens, leaders, plens = shared_prefix_case(fp8, prefix, lengths)
-    clean = decode_attention(q, kc, vc, slots, lens)
-    followers = torch.tensor([1, 2, 3, 5], device=DEVICE)
-    for cache in (kc, vc):  # fp8: NaN codes and scales; else large values
-        cache[followers, :prefix] = 255 if fp8 else 1e3
-    assert torch.equal(decode_attention(q, kc, vc, slots, lens, prefix_rows=leaders, prefix_lens=plens), clean)
-    spoiled = decode_attention(q, kc, vc, slots, lens)
-    assert not torch.equal(spoiled[followers], clean[followers])
-    assert torch.equal(spoiled[[0, 4]], clean[[0, 4]])  # the leaders read their own rows either way
-    ref = decode_attention_reference(q, kc, vc, slots, lens, prefix_rows=leaders, prefix_lens=plens)
-    err = ((clean.float() - ref.float()).norm() / ref.float().norm()).item()
-    assert err < TOL[torch.float32], err
-
-
-def test_shared_prefix_arguments_are_checked():
-    q, kc, vc, slots, lens, leaders, plens = shared_prefix_case(False, 10, [20, 20])
-    with pytest.raises(ValueError, match="prefix_rows and prefix_lens"):
-        decode_attention(q, kc, vc, slots, lens, prefix_rows=leaders)
-    with pytest.raises(ValueError, match="prefix_rows and prefix_lens"):
-        decode_attention(q, kc, vc, slots, lens, prefix_rows=leaders.int(), prefix_lens=plens)
-
-
-def test_shared_prefix_benchmark_script_runs(tmp_path):
+def test_shared_pages_benchmark_script_runs(tmp_path):
     import json
 
     from latency_bench.attention_bench import main
