@@ -129,10 +129,12 @@ class FrameOutcome:
 
 class Scheduler:
     def __init__(self, max_running: int, max_queued: int, max_len: int, serial: bool = False, *,
-                 max_streams: int | None = None, pool: PagePool | None = None, voices: VoiceCache | None = None) -> None:
+                 max_streams: int | None = None, pool: PagePool | None = None, voices: VoiceCache | None = None,
+                 admit_positions: int = ADMIT_POSITIONS) -> None:
         """`max_running`: streams decoding at once (the decode batch); `max_streams`: open
         streams (rows; default max_running); `pool`: the KV pages (default: every row's
-        whole context, 16-position pages); `voices`: the cached voice prompts.
+        whole context, 16-position pages); `voices`: the cached voice prompts;
+        `admit_positions`: the free positions a new stream waits for.
         `serial` is the naive baseline: one utterance at a time (a segment is prefilled
         only when no stream is decoding, and the decode batch holds one stream)."""
         max_streams = max_running if max_streams is None else max_streams
@@ -143,6 +145,7 @@ class Scheduler:
         self.max_streams = max_streams
         self.max_queued = max_queued
         self.max_len = max_len
+        self.admit_positions = min(admit_positions, max_len)
         self.pool = PagePool(1 + max_streams * -(-max_len // 16), 16) if pool is None else pool
         self.voices = VoiceCache(self.pool, self.pool.capacity) if voices is None else voices
         self.streams: dict[int, Stream] = {}
@@ -183,7 +186,7 @@ class Scheduler:
     def _can_start(self) -> bool:
         """A new stream's first segment fits in the pages free or freeable (its voice is
         checked when it is prefilled: a cached one needs none)."""
-        return self._available() >= self.pool.pages_for(min(ADMIT_POSITIONS, self.max_len))
+        return self._available() >= self.pool.pages_for(self.admit_positions)
 
     def _admit(self, stream: Stream) -> None:
         stream.slot = self.free_slots.pop()
@@ -320,6 +323,12 @@ class Scheduler:
             start, restart = stream.prefix_len, True
         end = min(self.max_len, start + self._room_needed(stream, segment))
         copies = self._reserve(stream, start, end, restart)
+        if copies is None and not restart and self._private(stream):
+            # nothing else to take back: its own earlier context makes room (its voice stays)
+            start, restart = stream.prefix_len, True
+            end = min(self.max_len, start + self._room_needed(stream, segment))
+            copies = self._reserve(stream, start, end, restart)
+            self.evicted_contexts += 1
         if restart:  # the context after the voice prompt is gone: a cancel rolls back to the prompt
             stream.position, stream.closing = stream.prefix_len, None
             if stream.turn_checkpoint is not None:
@@ -454,7 +463,7 @@ class Scheduler:
         position needs: new pages are listed in `table_updates` for the decode thread to
         write first; a stream the pool has no page for is cut after the frames it has."""
         batch = []
-        for s in self.decoding.values():
+        for s in list(self.decoding.values()):  # _grow may end a segment
             if s.prefill_busy or s.steps >= self._budget(s) - 1:
                 continue
             if self._grow(s):
@@ -548,10 +557,12 @@ class Scheduler:
                 yield s
 
     def _private(self, s: Stream) -> int:
-        """Pages of `s` beyond its voice prompt's shared ones (its own copy of the last
-        voice page included)."""
-        shared = s.voice.pages if s.voice is not None else ()
-        return sum(1 for i, p in enumerate(s.pages) if i >= len(shared) or p != shared[i])
+        """Pages evicting `s` would free: those past its voice prompt, and its own copy of
+        the prompt's last page while the shared one still exists."""
+        voice = s.voice.pages if s.voice is not None else ()
+        tail = len(voice) - 1
+        copied = 0 < len(voice) <= len(s.pages) and s.pages[tail] != voice[tail] and self.pool.refs[voice[tail]] > 0
+        return max(0, len(s.pages) - len(voice)) + copied
 
     def _evict(self, s: Stream) -> None:
         """An idle stream's context back to its voice prompt: its next turn starts there."""
@@ -560,9 +571,17 @@ class Scheduler:
         self.evicted_contexts += 1
 
     def _reset_to_voice(self, s: Stream) -> None:
-        self.pool.retain(s.voice.pages)
-        self.pool.release(s.pages)
-        s.pages = list(s.voice.pages)
+        """Keep only the voice prompt's pages, the shared ones again where they still exist
+        (a private copy of the last one holds the same prompt positions)."""
+        n = len(s.voice.pages)
+        keep = s.pages[:n]
+        for i, page in enumerate(s.voice.pages):
+            if keep[i] != page and self.pool.refs[page] > 0:
+                self.pool.retain([page])
+                self.pool.release([keep[i]])
+                keep[i] = page
+        self.pool.release(s.pages[n:])
+        s.pages = keep
         s.position = s.prefix_len
 
     def _trim(self, s: Stream) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import engine.prefill
+from engine.attention import gather_rows
 from engine.kernel_plan import REFERENCE, KernelPlan
 from engine.runner import Runner
 from engine.sampling import SamplingParams
@@ -36,9 +37,9 @@ def run(runner: Runner, bundle) -> dict:
     prompts = bundle.prompts
     voice = prompts.segment("A voice prompt.")
     assert voice.shape[1] > engine.prefill.PREFILL_LENGTHS[-1]  # two chunks
-    prefix = runner.prefill_prefix(1, voice)
+    runner.prefill_prefix(1, voice)
     texts = ["Hello.", "A longer one", "Hi!"]
-    items = [(1, prefix.length, prompts.segment(texts[0]), GREEDY),
+    items = [(1, voice.shape[1], prompts.segment(texts[0]), GREEDY),
              (0, 0, prompts.segment(texts[1]), GREEDY),
              (3, 17, prompts.segment(texts[2]), GREEDY)]
     first = runner.prefill_segments(items)
@@ -46,7 +47,10 @@ def run(runner: Runner, bundle) -> dict:
     assert long_segment.shape[1] > engine.prefill.PREFILL_LENGTHS[-1]
     first.append(runner.prefill_segment(2, 5, long_segment, GREEDY))
     steps = [runner.read(runner.launch([1, 0, 3, 2], 120)) for _ in range(4)]
-    return {"k": prefix.k.float().cpu(), "first": np.stack(first), "steps": np.stack(steps)}
+    kv = runner.state.kv
+    k = torch.stack([gather_rows(layer, kv.page_table, torch.tensor([1], device=layer.device), voice.shape[1])[0]
+                     for layer in kv.k])
+    return {"k": k.float().cpu(), "first": np.stack(first), "steps": np.stack(steps)}
 
 
 @pytest.mark.parametrize("blocked", [False, True], ids=["per-query", "blocked"])
