@@ -158,7 +158,7 @@ def _prefill_batch(q, k, v, k_cache, v_cache, meta: BatchPrefillMeta) -> Tensor:
         # query (b, j) is a decode query of row slots[b] with length pos + 1: it sees the
         # keys up to its own position, this segment's included (written just above).
         # Padded queries read position 0 of their row.
-        q_rows = meta.slots[:, None].expand(b, s).flatten()
+        q_rows = meta.slots.repeat_interleave(s)
         q_lengths = torch.where(valid, pos + 1, 1).flatten()
         out = decode_attention(q.flatten(0, 1), k_cache, v_cache, meta.page_table, q_rows, q_lengths,
                                max_length=meta.kv_len, pdl=plan.pdl)

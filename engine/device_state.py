@@ -26,6 +26,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
+from engine.attention import gather_rows
 from engine.bundle import ModelBundle
 from engine.frame import decode_frame, new_window, push_window, sample_frame
 from engine.kernel_plan import KernelPlan
@@ -97,6 +98,13 @@ class DeviceState:
         index = self.staged(torch.tensor(pairs, dtype=torch.long)).to(self.device, non_blocking=True)
         for cache in (self.kv.k, self.kv.v):
             cache.index_copy_(1, index[:, 1], cache.index_select(1, index[:, 0]))
+
+    def row_kv(self, slot: int, length: int) -> tuple[Tensor, Tensor]:
+        """Row `slot`'s first `length` positions, gathered through its page table: k, v
+        [n_layer, length, K, Dh] (tests, tools)."""
+        rows = torch.tensor([slot], device=self.device)
+        return tuple(torch.stack([gather_rows(layer, self.kv.page_table, rows, length)[0] for layer in cache])
+                     for cache in (self.kv.k, self.kv.v))
 
     # --- frames ----------------------------------------------------------------------------
 

@@ -66,8 +66,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_fraction must be in 0.1..1, got {self.gpu_memory_fraction}")
         if self.kv_page_size not in (16, 32, 64):
             raise ValueError(f"kv_page_size must be 16, 32 or 64, got {self.kv_page_size}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1 << 20:
-            raise ValueError(f"kv_cache_bytes must be at least 1 MiB, got {self.kv_cache_bytes}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
         if self.cpu_threads is not None and not 1 <= self.cpu_threads <= 1024:
             raise ValueError(f"cpu_threads must be None (auto) or in 1..1024, got {self.cpu_threads}")
         if self.codec_hold_lead_s is not None and not 0 <= self.codec_hold_lead_s <= 30:

@@ -293,8 +293,9 @@ def checked_args(
     if page_table.dim() != 2 or page_table.dtype != torch.int32 or not page_table.is_contiguous():
         raise ValueError(f"the page table must be a contiguous int32 [rows, max_pages], got {page_table.dtype} "
                          f"{tuple(page_table.shape)} strides {page_table.stride()}")
-    if slots.shape != (b,) or lengths.shape != (b,) or slots.dtype != torch.int64 or lengths.dtype != torch.int64:
-        raise ValueError("slots and lengths must be int64 [batch]")
+    if (slots.shape != (b,) or lengths.shape != (b,) or slots.dtype != torch.int64 or lengths.dtype != torch.int64
+            or slots.stride(0) != 1 or lengths.stride(0) != 1):
+        raise ValueError("slots and lengths must be contiguous int64 [batch]")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the head dim must be contiguous in q and in the caches")
     return caches

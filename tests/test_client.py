@@ -210,7 +210,7 @@ def test_full_server_raises_server_busy(tmp_path):
             with pytest.raises(ServerBusy, match="busy"):
                 await connect(url, format="pcm")
 
-    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_queued=0)) as srv:
+    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_streams=1, max_queued=0)) as srv:
         run(go(srv.ws_url))
 
 

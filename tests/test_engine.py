@@ -135,7 +135,7 @@ def test_kv_quant_is_validated():
 
 
 def test_cancel_and_close_free_the_stream_within_a_step(bundle):
-    engine = Engine(bundle, EngineConfig(max_running=2, max_queued=1, max_len=512)).start()
+    engine = Engine(bundle, EngineConfig(max_running=2, max_streams=2, max_queued=1, max_len=512)).start()
     try:
         long = StreamParams(SamplingParams(temperature=0.0, allow_end=False), frame_budget=400)
         a, b = Recorder(), Recorder()
@@ -225,11 +225,11 @@ def test_a_failed_decode_step_fails_its_streams_and_the_engine_goes_on(bundle):
         assert a.ready.wait(10) and b.ready.wait(10) and idle.ready.wait(10)
         launch, calls = engine.runner.launch, []
 
-        def failing_launch(slots, kv_len):
+        def failing_launch(slots, kv_len, updates=()):
             calls.append(len(slots))
             if len(calls) == 5:
                 raise RuntimeError("injected device fault")
-            return launch(slots, kv_len)
+            return launch(slots, kv_len, updates)
 
         engine.runner.launch = failing_launch
         engine.say(ha, 1, TEXTS[1])
@@ -288,7 +288,7 @@ def test_batched_prefill_equals_one_at_a_time(bundle):
         assert np.array_equal(a, b)
         assert torch.equal(one.state.tokens[slot], many.state.tokens[slot]) and int(one.state.positions[slot]) == int(many.state.positions[slot])
         n = int(one.state.positions[slot])
-        torch.testing.assert_close(one.state.kv.k[:, slot, :n], many.state.kv.k[:, slot, :n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(one.state.row_kv(slot, n)[0], many.state.row_kv(slot, n)[0], rtol=1e-5, atol=1e-6)
 
 
 def check_second_frame_equals_decode_step(bundle, **runner_args) -> None:
@@ -318,8 +318,8 @@ def check_second_frame_equals_decode_step(bundle, **runner_args) -> None:
         # close, not equal: the runner prefilled both segments in one batch, the reference
         # each alone, and a GPU's GEMMs may sum rows of a 2-segment batch in another order
         # (H200, fp32: one value of 4,864 off by 1.4e-6)
-        torch.testing.assert_close(runner.state.kv.k[:, slot, :n], reference.state.kv.k[:, slot, :n], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(runner.state.kv.v[:, slot, :n], reference.state.kv.v[:, slot, :n], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(runner.state.row_kv(slot, n)[0], reference.state.row_kv(slot, n)[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(runner.state.row_kv(slot, n)[1], reference.state.row_kv(slot, n)[1], rtol=1e-4, atol=1e-5)
     # a segment ending at the KV's end: its slot's state untouched, nothing written past the KV
     full = runner.max_len - segment.shape[1]
     runner.prefill_prefix(3, bundle.prompts.voice_prefix(None)[:, :7])
@@ -358,3 +358,47 @@ def test_a_cpu_engine_splits_the_cores_between_its_decode_and_codec_threads(bund
                 EngineConfig(cpu_threads=bad)
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_idle_conversation_whose_pages_were_taken_speaks_again_from_its_voice(bundle):
+    """A pool too small for two contexts: a long turn of one stream takes the context
+    pages of the other, idle one (least recently used first); the idle one's next turn
+    starts from its voice prompt and speaks exactly what a fresh stream of that voice
+    says (greedy), and no turn fails for lack of pages."""
+    from engine.kv_cache import KVCache
+
+    voice_len = bundle.prompts.voice_prefix(None).shape[1]
+    page = 16
+    page_bytes = KVCache.bytes_per_position(bundle.config, torch.float32) * page
+    voice_pages = -(-voice_len // page)
+    # the shared voice pages + 20: a's first turn (~5 pages) and b's 254-position reservation
+    # (16 pages, and its copy of the voice's last page) do not fit together
+    config = EngineConfig(max_running=2, max_queued=2, max_len=320, kv_page_size=page,
+                          kv_cache_bytes=(1 + voice_pages + 20) * page_bytes)
+    engine = Engine(bundle, config).start()
+    tap_frames(engine)
+    try:
+        params = StreamParams(SamplingParams(temperature=0.0, allow_end=False), frame_budget=30)
+        a, b = Recorder(), Recorder()
+        ha, hb = engine.open(VoiceInput(), params, a), engine.open(VoiceInput(), params, b)
+        assert a.ready.wait(10) and b.ready.wait(10)
+        engine.say(ha, 1, "Turn one of the first stream.")
+        assert a.done.wait(30) and not a.errors
+        engine.say(hb, 1, "x" * 200)
+        assert b.done.wait(30) and not b.errors and b.ends == [(1, "budget")]
+        assert engine.stats()["kv_evicted_contexts"] >= 1
+        a.done.clear()
+        a.expected_ends = 2
+        before = len(a.frames)
+        engine.say(ha, 2, "Again, from the top.")
+        assert a.done.wait(30) and not a.errors and a.ends[-1] == (2, "budget")
+        again = a.frames[before:]
+        fresh = Recorder()
+        hf = engine.open(VoiceInput(), params, fresh)
+        assert fresh.ready.wait(10)
+        engine.say(hf, 1, "Again, from the top.")
+        assert fresh.done.wait(30) and not fresh.errors
+        assert len(again) == len(fresh.frames) == 30
+        assert all(np.array_equal(x, y) for x, y in zip(again, fresh.frames))
+    finally:
+        engine.stop()

@@ -261,7 +261,7 @@ def test_cancel_drops_the_turn_and_the_voice_stays_ready(srv):
 
 def test_disconnect_mid_utterance_frees_the_slot(tmp_path):
     # one slot; a second connection waits in the queue until the first one's slot is free
-    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_queued=1, max_len=2048), ignore_end=True) as s:
+    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_streams=1, max_queued=1, max_len=2048), ignore_end=True) as s:
         async def main():
             ws = await websockets.connect(s.ws_url)
             await ws.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 2000}}))
@@ -281,6 +281,42 @@ def test_disconnect_mid_utterance_frees_the_slot(tmp_path):
         assert elapsed < 5
         stats = s.services.engine.stats()
         assert stats["streams_decoding"] == 0 and stats["streams_queued"] == 0
+
+
+def test_a_connection_waits_for_kv_pages_and_is_served_once_they_free(tmp_path):
+    """A KV pool with room for one speaking stream: a second connection that starts while
+    the first one speaks is neither refused nor ready: it waits in the queue, and once
+    the first one leaves it is served whole; nobody gets an error."""
+    from engine.kv_cache import KVCache
+    from server import bundle
+
+    tiny = bundle("tiny")
+    page_bytes = KVCache.bytes_per_position(tiny.config, tiny.dtype) * 16
+    voice_pages = -(-tiny.prompts.voice_prefix(None).shape[1] // 16)
+    # the voice + 20 pages: the first stream's turn reserves ~8, a new one waits for 16
+    config = EngineConfig(max_running=2, max_queued=2, max_len=320, kv_page_size=16,
+                          kv_cache_bytes=(1 + voice_pages + 20) * page_bytes)
+    with running_server(tmp_path, engine=config, ignore_end=True) as s:
+        async def main():
+            first = await websockets.connect(s.ws_url)
+            await first.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 2000}}))
+            assert msgpack.unpackb(await first.recv())["event"] == "ready"
+            await first.send(msgpack.packb({"event": "text", "text": "Talk for a long time."}))
+            await first.send(msgpack.packb({"event": "flush"}))
+            while msgpack.unpackb(await first.recv())["event"] != "audio":
+                pass
+            second = asyncio.create_task(session(s.ws_url, {"format": "pcm", "max_new_tokens": 4},
+                                                 {"event": "text", "text": "Next!"}, {"event": "stop"}))
+            await asyncio.sleep(1.0)
+            waiting = s.services.engine.stats()["streams_queued"]
+            assert not second.done()
+            await first.close()
+            return waiting, await asyncio.wait_for(second, 30)
+
+        waiting, events = run(main())
+        assert waiting == 1
+        assert [e["event"] for e in events if e["event"] in ("error", "ready")] == ["ready"]
+        assert events[-1] == {"event": "finish", "reason": "stop"} and len(audio_of(events)) == 2 * 4 * HOP
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -377,7 +413,7 @@ def test_buffered_text_limit(tmp_path):
 
 
 def test_server_full_is_refused_clearly(tmp_path):
-    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_queued=0, max_len=1024)) as s:
+    with running_server(tmp_path, engine=EngineConfig(max_running=1, max_streams=1, max_queued=0, max_len=1024)) as s:
         async def main():
             async with websockets.connect(s.ws_url) as holder:
                 await holder.send(msgpack.packb({"event": "start", "request": {"format": "pcm"}}))
