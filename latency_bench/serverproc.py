@@ -17,6 +17,20 @@ import urllib.request
 from pathlib import Path
 
 
+# open connections beyond a load's own a started service allows: a closing connection's
+# stream may still be held while its successor opens
+CONNECTION_HEADROOM = 8
+
+
+def sizing_args(connections: int, max_running: int | None = None) -> list[str]:
+    """A started service's sizing for a load that holds `connections` open at once: that
+    many engine streams (plus CONNECTION_HEADROOM) and as many streams allowed to wait for
+    KV pages; the decode batch cap (--max-running) is the service's default unless given."""
+    n = connections + CONNECTION_HEADROOM
+    running = ["--max-running", str(max_running)] if max_running else []
+    return ["--max-connections", str(n), "--max-queued", str(n), *running]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,9 +14,9 @@ from latency_bench.capacity import search, verdict
 from latency_bench.conv_report import kv_pages, open_counts
 from latency_bench.loadgen import Workload
 from latency_bench.openloop import ConversationLoad, Gate, lifetime_s, plan_level, poisson_times, turn_s
-from latency_bench.serverproc import service
+from latency_bench.serverproc import service, sizing_args
 
-TINY_SERVER = ["--max-running", "8", "--max-queued", "8", "--ignore-end"]
+TINY_SERVER = [*sizing_args(8), "--ignore-end"]
 SHORT = ["--max-new-tokens", "12", "--fixed-frames", "--seed", "3"]
 
 
