@@ -159,7 +159,7 @@ def main(argv=None) -> int:
         for name, extra, lv, turns in modes:
             server_args = [*sizing_args(max(lv), a.max_running), *(["--ignore-end"] if a.fixed_frames else []),
                            *a.server_arg, *extra]
-            with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health, startup_s):
+            with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health, startup_s, _):
                 meta.setdefault("health", health)
                 meta[f"{name}_startup_s"] = round(startup_s, 2)
                 print(f"{name} server started in {startup_s:.1f} s ({capacity_line(health)})", flush=True)

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     else:
         server_args = [*sizing_args(connections_for(top_level(a)), a.max_running),
                        *(["--ignore-end"] if a.fixed_frames else []), *a.server_arg]
-        with service(a.model, a.device, server_args, out / "server.log") as (ws_url, _, health, startup_s):
+        with service(a.model, a.device, server_args, out / "server.log") as (ws_url, _, health, startup_s, _):
             meta["health"], meta["startup_s"] = health, round(startup_s, 2)
             log(f"server started in {startup_s:.1f} s ({capacity_line(health)})")
             data = measure(a, ws_url)

@@ -39,7 +39,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def service(model: str, device: str, extra: list[str], log_path: Path, startup_timeout_s: float = 900.0):
-    """Yields (ws_url, http_url, health, startup_s) of a freshly started service;
+    """Yields (ws_url, http_url, health, startup_s, pid) of a freshly started service;
     startup_s is the wall time from the process's launch to its first healthy answer (model
     load, kernel self-checks, graph capture and warm-up: what a restart costs a deployment)."""
     port = free_port()
@@ -63,7 +63,7 @@ def service(model: str, device: str, extra: list[str], log_path: Path, startup_t
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the service did not start in {startup_timeout_s:.0f} s; see {log_path}")
                 time.sleep(0.5)
-        yield f"ws://127.0.0.1:{port}/v1/tts/live", http, health, time.monotonic() - launched
+        yield f"ws://127.0.0.1:{port}/v1/tts/live", http, health, time.monotonic() - launched, proc.pid
     finally:
         proc.terminate()
         try:
