@@ -29,7 +29,7 @@ import numpy as np
 from latency_bench.loadgen import Workload, add_target_args, add_turn_args, run_level
 from latency_bench.jsonfile import write_json
 from latency_bench.report import aggregate, plot, ratios, table
-from latency_bench.serverproc import service
+from latency_bench.serverproc import service, sizing_args
 from latency_bench.shares import level_shares, metrics_url, scrape, shares_line
 
 
@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "mode serves one utterance at a time, so high levels take minutes")
     p.add_argument("--baseline-turns", type=int, help="turns per connection for the baseline (default: --turns)")
     p.add_argument("--only-baseline", action="store_true", help="run the baseline alone (split long sweeps)")
+    p.add_argument("--max-running", type=int, help="the decode batch cap of a started service (default: the "
+                   "service's); its --max-connections and --max-queued follow the largest level")
     p.add_argument("--out", default="out/latency_bench")
     p.add_argument("--title", default="")
     a = p.parse_args(argv)
@@ -76,6 +78,17 @@ def synthetic_reference(seconds: float, rate: int = 44100) -> tuple[bytes, str]:
     n = max(3, int(seconds * 2.5))
     text = " ".join(words[i % len(words)] for i in range(n)).capitalize() + "."
     return wav_bytes(audio, rate), text
+
+
+def capacity_line(health: dict) -> str:
+    """What a started service holds, from its /v1/health: open streams, the decode batch
+    cap and the KV page pool."""
+    streams, kv = health.get("streams", {}), health.get("kv_pages", {})
+    line = f"streams {streams.get('max', '?')}, decode batch {health.get('max_running', '?')}"
+    if "pages_total" in kv:
+        line += (f", KV pool {kv['pages_total']} pages of {kv.get('page_size', '?')} positions "
+                 f"({kv['pages_total'] * kv.get('page_bytes', 0) / 2**20:.0f} MiB)")
+    return line
 
 
 def git_commit(cwd: str | None = None) -> str:
@@ -144,12 +157,12 @@ def main(argv=None) -> int:
         if a.baseline:
             modes.append(("naive", ["--naive"], base_levels, a.baseline_turns or a.turns))
         for name, extra, lv, turns in modes:
-            server_args = ["--max-running", str(max(lv)), "--max-queued", str(max(lv)),
-                           *(["--ignore-end"] if a.fixed_frames else []), *a.server_arg, *extra]
-            with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health, startup_s):
+            server_args = [*sizing_args(max(lv), a.max_running), *(["--ignore-end"] if a.fixed_frames else []),
+                           *a.server_arg, *extra]
+            with service(a.model, a.device, server_args, out / f"server-{name}.log") as (ws_url, _, health, startup_s, _):
                 meta.setdefault("health", health)
                 meta[f"{name}_startup_s"] = round(startup_s, 2)
-                print(f"{name} server started in {startup_s:.1f} s (max_running {health.get('max_running')})", flush=True)
+                print(f"{name} server started in {startup_s:.1f} s ({capacity_line(health)})", flush=True)
                 meta[f"{name}_turns"] = turns
                 runs[name] = sweep(ws_url, lv, workload(ws_url, turns), a.ramp, name)
     data = {"meta": meta, "runs": runs}

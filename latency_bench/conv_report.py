@@ -67,6 +67,7 @@ def aggregate_level(offered: float, run: LevelRun, hop_s: float) -> dict:
         "client_loop_lag_s": run.loop_lag_s,
         "kv_pages": kv_pages(run.samples),
     }
+    level["kv_bytes_per_conversation"] = kv_bytes_per_conversation(run.samples, level["open"]["mean"])
     if run.before and run.after:
         level["engine_shares"] = level_shares(run.before, run.after, window)
     return level
@@ -75,6 +76,8 @@ def aggregate_level(offered: float, run: LevelRun, hop_s: float) -> dict:
 def kv_pages(samples: list[dict[str, float]]) -> dict | None:
     """Mean and max of each KV-page gauge the service exports (engine_kv_pages_*); None
     while it exports none (a KV cache of whole rows has no pages)."""
+    # /metrics renders the gauge kv_pages_total as engine_kv_pages_total, which
+    # shares.parse_engine reads back as "kv_pages" (it strips counters' _total)
     keys = sorted({k for s in samples for k in s if k.startswith("kv_pages")})
     if not keys:
         return None
@@ -83,6 +86,16 @@ def kv_pages(samples: list[dict[str, float]]) -> dict | None:
         xs = [s[k] for s in samples if k in s]
         out[k] = {"mean": sum(xs) / len(xs), "max": max(xs), "n": len(xs)}
     return out
+
+
+def kv_bytes_per_conversation(samples: list[dict[str, float]], open_mean: float) -> float | None:
+    """KV bytes in use per open conversation over the level: mean(kv_pages_used) x
+    kv_page_bytes / mean open conversations; None when the service exports no pages."""
+    used = [s["kv_pages_used"] for s in samples if "kv_pages_used" in s]
+    page_bytes = next((s["kv_page_bytes"] for s in samples if "kv_page_bytes" in s), None)
+    if not used or page_bytes is None or not open_mean > 0:
+        return None
+    return sum(used) / len(used) * page_bytes / open_mean
 
 
 def aggregate_burst(n: int, results: list[ConnectionResult]) -> dict:
@@ -104,18 +117,21 @@ def aggregate_burst(n: int, results: list[ConnectionResult]) -> dict:
 
 def table(levels: list[dict], title: str) -> str:
     head = (f"{'conv':>6} {'open mean':>9} {'max':>4} {'TTFA p50':>9} {'p90':>6} {'p99':>6} {'underruns':>9} "
-            f"{'ms':>6} {'refused':>7} {'errors':>6} {'cut':>4} {'talk share':>10} {'frames/s':>9} {'KV pages':>9}  held")
+            f"{'ms':>6} {'refused':>7} {'errors':>6} {'cut':>4} {'talk share':>10} {'frames/s':>9} {'KV pages':>9} "
+            f"{'MiB/conv':>8}  held")
     lines = [title, head]
     for lv in levels:
-        t, kv = lv["ttfa_s"], lv["kv_pages"]
-        pages = "-" if not kv else f"{max(v['max'] for v in kv.values()):.0f}"
+        t, used = lv["ttfa_s"], (lv["kv_pages"] or {}).get("kv_pages_used")
+        pages = "-" if not used else f"{used['max']:.0f}"
+        per_conv = lv.get("kv_bytes_per_conversation")
+        mib = "-" if per_conv is None else f"{per_conv / 2**20:.2f}"
         lines.append(
             f"{lv['conversations']:>6g} {lv['open']['mean']:>9.1f} {lv['open']['max']:>4} {ms(t['p50']):>9} "
             f"{ms(t['p90']):>6} {ms(t['p99']):>6} {lv['underruns']:>9} {lv['underrun_ms']:>6.0f} "
             f"{lv['refusals']:>7} {lv['errors']:>6} {lv['cut']:>4} {lv['agent_talk_share']:>10.2f} "
-            f"{lv['frames_per_s']:>9.1f} {pages:>9}  {lv.get('verdict', '')}")
+            f"{lv['frames_per_s']:>9.1f} {pages:>9} {mib:>8}  {lv.get('verdict', '')}")
     lines.append("(conv: offered concurrent conversations; open: measured; TTFA in ms from the flush; talk share: "
-                 "the agent's share of talk time; KV pages: most in use)")
+                 "the agent's share of talk time; KV pages: most in use; MiB/conv: KV in use per open conversation)")
     return "\n".join(lines)
 
 

@@ -25,13 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-from latency_bench.__main__ import git_commit, synthetic_reference
+from latency_bench.__main__ import capacity_line, git_commit, synthetic_reference
 from latency_bench.capacity import Search, search, verdict
 from latency_bench.conv_report import aggregate_burst, aggregate_level, burst_table, plot, table
 from latency_bench.jsonfile import write_json
 from latency_bench.loadgen import Workload, add_target_args, add_turn_args
 from latency_bench.openloop import ConversationLoad, lifetime_s, offered_rate, plan_level, run_burst, run_level
-from latency_bench.serverproc import service
+from latency_bench.serverproc import service, sizing_args
 from latency_bench.shares import shares_line
 
 
@@ -65,8 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ttfa-p99-bound-ms", type=float, default=150.0, help="a level holds with TTFA p99 at most this")
     p.add_argument("--sync-flush", action="store_true", help="the burst: every connection flushes each turn at once")
     p.add_argument("--think", type=float, default=1.0, help="--sync-flush: seconds between a turn's audio and the next")
-    p.add_argument("--max-running", type=int, help="KV slots of a started service (default: the top level + 4 "
-                   "standard deviations of its Poisson count, since each open conversation holds one)")
+    p.add_argument("--max-running", type=int, help="the decode batch cap of a started service (default: the "
+                   "service's); its --max-connections and --max-queued follow the top level plus 4 standard "
+                   "deviations of its Poisson count (each open conversation holds a stream)")
     p.add_argument("--out", default="out/conversation")
     p.add_argument("--title", default="")
     p.add_argument("--no-plot", action="store_true")
@@ -76,9 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def slots_for(level: int) -> int:
-    """KV slots for `level` offered conversations: the number open is Poisson(level) in
-    steady state, so mean + 4 standard deviations (and 2 spare) rarely refuses one."""
+def connections_for(level: int) -> int:
+    """Open connections to allow for `level` offered conversations: the number open is
+    Poisson(level) in steady state, so mean + 4 standard deviations (and 2 spare) rarely
+    refuses one."""
     return level + math.ceil(4 * math.sqrt(level)) + 2
 
 
@@ -100,7 +102,7 @@ class Bench:
 
     def level(self, conversations: float) -> dict:
         if self.levels:
-            time.sleep(1.0)  # the last level's cut conversations free their slots first
+            time.sleep(1.0)  # the last level's cut conversations free their streams first
         load = self.load(conversations)
         life = lifetime_s(self.w, load)
         plans = plan_level(load, life)
@@ -168,12 +170,11 @@ def main(argv=None) -> int:
     if a.url:
         data = measure(a, a.url)
     else:
-        slots = a.max_running or slots_for(top_level(a))
-        server_args = ["--max-running", str(slots), "--max-queued", str(slots),
+        server_args = [*sizing_args(connections_for(top_level(a)), a.max_running),
                        *(["--ignore-end"] if a.fixed_frames else []), *a.server_arg]
-        with service(a.model, a.device, server_args, out / "server.log") as (ws_url, _, health, startup_s):
+        with service(a.model, a.device, server_args, out / "server.log") as (ws_url, _, health, startup_s, _):
             meta["health"], meta["startup_s"] = health, round(startup_s, 2)
-            log(f"server started in {startup_s:.1f} s (max_running {health.get('max_running')})")
+            log(f"server started in {startup_s:.1f} s ({capacity_line(health)})")
             data = measure(a, ws_url)
     data = {"meta": meta, **data}
     write_json(out / "results.json", data)

@@ -14,9 +14,11 @@ fastest mode again (graphs on a GPU) as `<mode>_kv_<layout>`, so the FP8 KV cach
 its bf16 baseline are timed in the same run.
 
 `--shared-prefix N`: every stream of the decode batch speaks one voice whose prompt is
-its first N positions (as in the service, where each stream's row holds a copy of the
-voice's prefilled prompt), so the graphs run with shared voice prefix reads; one more
-mode times the same steps reading every stream's own row (graphs_own_rows, the baseline):
+its first N positions, prefilled once; as in the service, each stream's page-table row
+points its first N // P pages at that voice's pages (and holds its own copy of the
+partly filled last one), so a step reads the prompt's KV once for the batch. One more
+mode times the same steps with every stream holding its own copy of the prompt's pages
+(graphs_own_pages, the baseline):
 
     python -m latency_bench.engine_bench --model s2-pro --device cuda --batch 16,54,64 --skip-eager --context 800 --shared-prefix 340
 """
@@ -34,7 +36,7 @@ import torch
 from engine.bundle import QUANT_MODES, load_bundle
 from engine.kernel_plan import build_plan
 from engine.kv_cache import KV_QUANTS
-from engine.runner import PrefixKV, Runner
+from engine.runner import Runner
 from engine.sampling import SamplingParams
 from latency_bench.jsonfile import write_json
 
@@ -44,20 +46,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def prepare_batch(runner: Runner, batch: int, context: int, shared_prefix: int = 0) -> list[int]:
-    """Slots 0..batch-1 hold a stream at position `context` with a valid input frame (KV
-    contents do not change the cost of a step, only its length does); with
-    `shared_prefix` N, each slot's first N positions are one voice's prompt, copied in as
-    the service copies a cached voice (Runner.load_prefix), so that the runner's shared
-    prefix reads read them from one row."""
+def prepare_batch(runner: Runner, batch: int, context: int, shared_prefix: int = 0, share: bool = True) -> list[int]:
+    """Rows 0..batch-1 hold a stream at position `context` with a valid input frame (KV
+    contents do not change the cost of a step, only its length does). With
+    `shared_prefix` N, each row's first N positions are one voice's prompt, prefilled
+    into row 0's pages (runner.Runner with pages=None: every row its own pages), then
+    shared as the service shares a cached voice's pages, or with `share` False copied
+    into every row's own pages."""
     st = runner.state
     c = st.config
     slots = list(range(batch))
     if shared_prefix:
-        n = min(shared_prefix, context)
-        voice = PrefixKV(st.kv.k[:, 0, :n].clone(), st.kv.v[:, 0, :n].clone(), n)
-        for s in slots:
-            runner.load_prefix(s, voice)
+        load_voice(runner, slots, min(shared_prefix, context), share)
     g = torch.Generator().manual_seed(0)
     frames = torch.randint(0, c.fast_vocab, (batch, 1 + c.num_codebooks), generator=g)
     frames[:, 0] += c.semantic_begin_id
@@ -67,11 +67,32 @@ def prepare_batch(runner: Runner, batch: int, context: int, shared_prefix: int =
     st.frame_index[idx] = 1
     for s in slots:
         st.params.set_row(s, SamplingParams(temperature=0.7, top_p=0.7, seed=s, allow_end=False))
+    _sync(st.device)  # these writes ran on the default stream; the steps run on the decode stream
     return slots
 
 
-def bench_decode(runner: Runner, batch: int, context: int, steps: int, shared_prefix: int = 0) -> dict:
-    slots = prepare_batch(runner, batch, context, shared_prefix)
+def load_voice(runner: Runner, rows: list[int], length: int, share: bool) -> None:
+    """A voice prompt of `length` positions into row rows[0]'s pages; the other rows'
+    page-table entries point at its full pages (`share`) and each row copies the partly
+    filled last page into its own, as the engine does before a segment writes into it
+    (engine/scheduler.py _reserve); or each row copies every page of the prompt."""
+    st = runner.state
+    runner.prefill_prefix(rows[0], _segment_tokens(runner, length))
+    table, P = st.kv.page_table, st.kv.page_size
+    full = length // P if share else 0
+    voice = table[rows[0], : -(-length // P)].tolist()
+    copies = []
+    for row in rows[1:]:
+        table[row, :full] = table[rows[0], :full]
+        own = table[row, full : len(voice)].tolist()
+        copies += zip(voice[full:], own)
+    if copies:
+        st.copy_pages(copies)
+
+
+def bench_decode(runner: Runner, batch: int, context: int, steps: int, shared_prefix: int = 0,
+                 share: bool = True) -> dict:
+    slots = prepare_batch(runner, batch, context, shared_prefix, share)
     kv_len = context + steps + 8
     pending = None
     for _ in range(3):  # warm-up (and graph capture, when on)
@@ -89,6 +110,11 @@ def bench_decode(runner: Runner, batch: int, context: int, steps: int, shared_pr
     step_ms = 1000 * elapsed / steps
     return {"batch": batch, "step_ms": step_ms, "frames_per_s": batch * steps / elapsed,
             "stream_frames_per_s": steps / elapsed}
+
+
+def kv_bytes_per_stream(runner: Runner) -> int:
+    """KV bytes of one stream's whole context (--max-len positions, in pages)."""
+    return runner.kv_bytes_per_page() * runner.state.kv.page_table.shape[1]
 
 
 def median_ms(fn, device: torch.device, repeats: int = 5, warmups: int = 1) -> float:
@@ -147,8 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--pdl-baseline", action="store_true",
                    help="also run CUDA graphs without programmatic dependent launch (mode graphs_no_pdl)")
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
-                   help="the decode batch speaks one voice whose prompt is each stream's first N positions; adds "
-                        "the mode graphs_own_rows (no shared reads: the baseline)")
+                   help="the decode batch speaks one voice whose prompt is each stream's first N positions, its "
+                        "pages shared; adds the mode graphs_own_pages (each stream its own copy: the baseline)")
     p.add_argument("--skip-eager", action="store_true", help="on a GPU, time the graph modes only (saves minutes)")
     p.add_argument("--out", default="out/engine_bench")
     a = p.parse_args(argv)
@@ -169,7 +195,7 @@ def main(argv=None) -> int:
         if a.pdl_baseline:
             modes["graphs_no_pdl"] = {"plan": {"pdl": False}}
         if a.shared_prefix:
-            modes["graphs_own_rows"] = {"shared_prefix": False}
+            modes["graphs_own_pages"] = {"share": False}
         if a.skip_eager:
             del modes["eager"]
     fastest = "graphs" if "graphs" in modes else next(iter(modes))
@@ -186,18 +212,18 @@ def main(argv=None) -> int:
         plan = build_plan(bundle.model, device, bundle.dtype, differs["kv"])
         plan = dataclasses.replace(plan, **differs.get("plan", {}))
         runner = Runner(bundle, max(batches), a.max_len, plan, kv_quant=differs["kv"],
-                        cuda_graphs=differs.get("graphs", device.type == "cuda"),
-                        shared_prefix=a.shared_prefix > 0 and differs.get("shared_prefix", True))
+                        cuda_graphs=differs.get("graphs", device.type == "cuda"))
+        share = differs.get("share", True)
         results[mode] = {
             "plan": dataclasses.asdict(plan),
             "kv_quant": differs["kv"],
-            "kv_bytes_per_stream": runner.kv_bytes_per_stream(),
-            "shared_prefix": a.shared_prefix if runner.decoder.shared_prefix else 0,
-            "decode": [bench_decode(runner, b, a.context, a.steps, a.shared_prefix) for b in batches],
+            "kv_bytes_per_stream": kv_bytes_per_stream(runner),
+            "shared_prefix": a.shared_prefix if share else 0,
+            "decode": [bench_decode(runner, b, a.context, a.steps, a.shared_prefix, share) for b in batches],
             "prefill": [bench_prefill(runner, n) for n in map(int, a.prompt_lengths.split(",")) if n < a.max_len],
             "segments": [bench_segments(runner, b) for b in (1, 16) if b <= max(batches) and 380 < a.max_len],
         }
-        results.setdefault("kv_bytes_per_stream", runner.kv_bytes_per_stream())
+        results.setdefault("kv_bytes_per_stream", kv_bytes_per_stream(runner))
         del runner
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -216,7 +242,7 @@ def main(argv=None) -> int:
         base, new = results[base_mode]["decode"], results[mode]["decode"]
         return ", ".join(f"batch {b} {base[i]['step_ms'] / new[i]['step_ms']:.2f}x" for i, b in enumerate(batches))
 
-    for base_mode in ("graphs_torch_ops", "graphs_no_gemv", "graphs_no_pdl", "graphs_own_rows"):
+    for base_mode in ("graphs_torch_ops", "graphs_no_gemv", "graphs_no_pdl", "graphs_own_pages"):
         if base_mode in results and "graphs" in results:
             print(f"graphs against {base_mode} (step time ratio, higher is faster): {step_ratios(base_mode, 'graphs')}")
     for m in [m for m in modes if "_kv_" in m]:  # each further KV layout against the same mode's first

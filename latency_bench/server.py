@@ -21,8 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ignore-end", action="store_true", help="every segment is max_new_tokens frames (random weights)")
     p.add_argument("--no-gemv", dest="gemv", action="store_false", help="single-stream steps on cuBLAS")
     p.add_argument("--no-pdl", dest="pdl", action="store_false", help="no programmatic dependent launch")
-    p.add_argument("--no-shared-prefix-reads", dest="shared_prefix_reads", action="store_false",
-                   help="every stream reads its voice prompt from its own KV row")
     p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
                    help="a segment's second frame comes from the decode batch")
     bench, rest = p.parse_known_args(argv)

@@ -17,6 +17,20 @@ import urllib.request
 from pathlib import Path
 
 
+# open connections beyond a load's own a started service allows: a closing connection's
+# stream may still be held while its successor opens
+CONNECTION_HEADROOM = 8
+
+
+def sizing_args(connections: int, max_running: int | None = None) -> list[str]:
+    """A started service's sizing for a load that holds `connections` open at once: that
+    many engine streams (plus CONNECTION_HEADROOM) and as many streams allowed to wait for
+    KV pages; the decode batch cap (--max-running) is the service's default unless given."""
+    n = connections + CONNECTION_HEADROOM
+    running = ["--max-running", str(max_running)] if max_running else []
+    return ["--max-connections", str(n), "--max-queued", str(n), *running]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -25,7 +39,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def service(model: str, device: str, extra: list[str], log_path: Path, startup_timeout_s: float = 900.0):
-    """Yields (ws_url, http_url, health, startup_s) of a freshly started service;
+    """Yields (ws_url, http_url, health, startup_s, pid) of a freshly started service;
     startup_s is the wall time from the process's launch to its first healthy answer (model
     load, kernel self-checks, graph capture and warm-up: what a restart costs a deployment)."""
     port = free_port()
@@ -49,7 +63,7 @@ def service(model: str, device: str, extra: list[str], log_path: Path, startup_t
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the service did not start in {startup_timeout_s:.0f} s; see {log_path}")
                 time.sleep(0.5)
-        yield f"ws://127.0.0.1:{port}/v1/tts/live", http, health, time.monotonic() - launched
+        yield f"ws://127.0.0.1:{port}/v1/tts/live", http, health, time.monotonic() - launched, proc.pid
     finally:
         proc.terminate()
         try:

@@ -26,7 +26,12 @@
 #   bash scripts/gpu_check.sh conversations  # open-loop capacity: conversations of 4 turns arrive, the user
 #                                       # talks 2-6 s between turns; the last level of CONV_LEVELS
 #                                       # (16,32,64,128) with TTFA p99 <= 150 ms and no underrun
-#       CONV_DURATION (seconds per level, 60), CONV_S (560 s limit), QUANT
+#       CONV_DURATION (seconds per level, 60), CONV_S (560 s limit), QUANT; BASE_TREE=<dir> as for
+#       load: the same search from <dir> first, then this tree, a server each, both tables
+#       (CONV_S 270 each, CONV_DURATION 30)
+#   bash scripts/gpu_check.sh idle      # idle connections held ready with the reference voice cached, a
+#                                       # sample of 16 speaking a turn: IDLE_LEVELS (500,1000,2000), up
+#                                       # to the first that fails (IDLE_S: 560 s limit), QUANT
 #   bash scripts/gpu_check.sh kernels   # the kernel table: FP8 GEMMs and MLP block vs cuBLAS, GEMV,
 #                                       # decode attention, sampling, q/k/v + RoPE, fast attention (limits: 570 s in all)
 #       KERNELS: a subset of "fp8 gemv attention sample qk_rope fast_attention"
@@ -142,26 +147,56 @@ part_load() {
 
 part_capacity() {
     need_service_packages
-    # --max-running and --max-queued follow the largest level (latency_bench/__main__.py)
+    # --max-connections and --max-queued follow the largest level (latency_bench/__main__.py)
     local q
     for q in ${QUANTS:-none fp8}; do
         bench_load "$PWD" "capacity-$q" "$q" "${CAP_LEVELS:-64,96,128}" "${CAP_S:-270}"
     done
 }
 
-part_conversations() {
-    need_service_packages
-    # the reference voice and 200-frame turns (latency_bench/conversation.py); the service's
-    # --max-running follows the top level plus its Poisson spread
-    local work=/tmp/gpu_check/conversations
+# bench_conv TREE NAME SECONDS DURATION: the open-loop capacity search with the reference voice
+# and 200-frame turns, run from TREE (its own code and server; the service's streams follow
+# the top level plus its Poisson spread), results in $out/NAME.json, its table printed
+bench_conv() {
+    local tree=$1 name=$2 limit=$3 duration=$4 work=/tmp/gpu_check/$2
     rm -rf "$work"; mkdir -p "$work"
-    timeout "${CONV_S:-560}" python3 -m latency_bench.conversation --model "$MODEL" --device "$DEVICE" \
+    (cd "$tree" && PYTHONPATH="/tmp/site:$tree" GIT_CEILING_DIRECTORIES="$(dirname "$tree")" timeout "$limit" \
+        python3 -m latency_bench.conversation --model "$MODEL" --device "$DEVICE" \
         --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --server-arg=--max-len=1536 \
         --server-arg=--quant="$QUANT" --find-capacity --levels "${CONV_LEVELS:-16,32,64,128}" \
-        --duration "${CONV_DURATION:-60}" --out "$work" 2>&1 | grep -v " open=" > "$out/conversations.log"
-    grep -E "^ *[0-9]+ |^== |capacity:|held|failed|started in|Error|error:" "$out/conversations.log" | tail -n 30
-    cp "$work/results.json" "$out/conversations.json" 2>/dev/null || echo "conversations: no results (cut at ${CONV_S:-560} s?)"
-    cp "$work/server.log" "$out/conversations-server.log" 2>/dev/null
+        --duration "$duration" --out "$work") 2>&1 | grep -v " open=" > "$out/$name.log"
+    grep -E "started in|Error|error:" "$out/$name.log" | tail -n 5 | sed "s/^/$name: /"
+    sed -n '/^== open-loop/,/^capacity:/p' "$out/$name.log"
+    cp "$work/results.json" "$out/$name.json" 2>/dev/null || echo "$name: no results (cut at $limit s?)"
+    cp "$work/server.log" "$out/$name-server.log" 2>/dev/null
+    return 0
+}
+
+part_conversations() {
+    need_service_packages
+    if [ -n "${BASE_TREE:-}" ]; then
+        local base; base=$(cd "$BASE_TREE" && pwd) || exit 2
+        [ -d "$base/engine/assets" ] || cp -r engine/assets "$base/engine/"
+        bench_conv "$base" base-conversations "${CONV_S:-270}" "${CONV_DURATION:-30}"
+        bench_conv "$PWD" conversations "${CONV_S:-270}" "${CONV_DURATION:-30}"
+    else
+        bench_conv "$PWD" conversations "${CONV_S:-560}" "${CONV_DURATION:-60}"
+    fi
+}
+
+part_idle() {
+    need_service_packages
+    # the reference voice (cached after the first connection) and 40-frame turns; the
+    # service's --max-connections follows the top level (latency_bench/idle.py)
+    local work=/tmp/gpu_check/idle
+    rm -rf "$work"; mkdir -p "$work"
+    timeout "${IDLE_S:-560}" python3 -m latency_bench.idle --model "$MODEL" --device "$DEVICE" \
+        --connections "${IDLE_LEVELS:-500,1000,2000}" --synthetic-reference 7 --fixed-frames \
+        --server-arg=--max-len=1536 --server-arg=--quant="$QUANT" --out "$work" > "$out/idle.log" 2>&1
+    grep -E "started in|^\[idle\]|Error|error:" "$out/idle.log" | tail -n 10
+    sed -n '/^== idle/,/^held:/p' "$out/idle.log"
+    cp "$work/results.json" "$out/idle.json" 2>/dev/null || echo "idle: no results (cut at ${IDLE_S:-560} s?)"
+    cp "$work/server.log" "$out/idle-server.log" 2>/dev/null
     return 0
 }
 
@@ -192,7 +227,7 @@ part_profile() {
 }
 
 case "$part" in
-    tests|engine|load|capacity|conversations|kernels|profile) "part_$part" ;;
+    tests|engine|load|capacity|conversations|idle|kernels|profile) "part_$part" ;;
     all) for p in tests engine kernels profile load capacity; do echo "=== $p"; "part_$p"; done ;;
-    *) echo "unknown part $part (tests, engine, load, capacity, conversations, kernels, profile, all)"; exit 2 ;;
+    *) echo "unknown part $part (tests, engine, load, capacity, conversations, idle, kernels, profile, all)"; exit 2 ;;
 esac

@@ -57,3 +57,9 @@ def test_benchmark_baselines_come_only_through_the_benchmark_server(monkeypatch)
     (config,) = seen
     assert config.port == 9001 and config.engine.max_running == 4
     assert config.engine.bench == BenchSettings(naive=True, ignore_end=True, gemv=False)
+    seen.clear()
+    server.main(["--no-pdl", "--no-prefill-second-frame"])
+    assert seen[0].engine.bench == BenchSettings(pdl=False, prefill_second_frame=False)
+    # shared voice-prompt pages are how the paged KV cache works, not a baseline any more
+    with pytest.raises(SystemExit):
+        server.main(["--no-shared-prefix-reads"])

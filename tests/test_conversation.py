@@ -11,12 +11,12 @@ import random
 import pytest
 
 from latency_bench.capacity import search, verdict
-from latency_bench.conv_report import kv_pages, open_counts
+from latency_bench.conv_report import kv_bytes_per_conversation, kv_pages, open_counts, table
 from latency_bench.loadgen import Workload
 from latency_bench.openloop import ConversationLoad, Gate, lifetime_s, plan_level, poisson_times, turn_s
-from latency_bench.serverproc import service
+from latency_bench.serverproc import service, sizing_args
 
-TINY_SERVER = ["--max-running", "8", "--max-queued", "8", "--ignore-end"]
+TINY_SERVER = [*sizing_args(8), "--ignore-end"]
 SHORT = ["--max-new-tokens", "12", "--fixed-frames", "--seed", "3"]
 
 
@@ -95,9 +95,28 @@ def test_a_level_holds_only_within_the_bound_without_underruns_or_refusals():
 
 
 def test_kv_pages_are_reported_when_the_service_exports_them():
-    assert kv_pages([{"decode_steps": 3.0}]) is None  # today's service: no pages
-    pages = kv_pages([{"kv_pages_used": 10.0, "kv_pages_total": 64.0}, {"kv_pages_used": 30.0, "kv_pages_total": 64.0}])
-    assert pages["kv_pages_used"] == {"mean": 20.0, "max": 30.0, "n": 2} and pages["kv_pages_total"]["max"] == 64.0
+    """The gauges as /metrics renders them and shares.parse_engine reads them back (the
+    pool's kv_pages_total comes back as "kv_pages"): the table's KV pages are the most in
+    use, not the pool, and a level's KV bytes per open conversation are the mean in use
+    over the mean open."""
+    from latency_bench.shares import parse_engine
+    from realtime.metrics import Metrics
+
+    assert kv_pages([{"decode_steps": 3.0}]) is None  # a KV cache of whole rows: no pages
+    assert kv_bytes_per_conversation([{"decode_steps": 3.0}], 4.0) is None
+    samples = [parse_engine(Metrics().render({"kv_pages_total": 64, "kv_pages_used": used, "kv_page_bytes": 2**20}))
+               for used in (10, 30)]
+    pages = kv_pages(samples)
+    assert pages["kv_pages_used"] == {"mean": 20.0, "max": 30.0, "n": 2} and pages["kv_pages"]["max"] == 64.0
+    assert kv_bytes_per_conversation(samples, 4.0) == 5 * 2**20
+    assert kv_bytes_per_conversation(samples, 0.0) is None and kv_bytes_per_conversation(samples, float("nan")) is None
+    level = {"conversations": 4, "open": {"mean": 4.0, "max": 5}, "ttfa_s": {"p50": 0.05, "p90": 0.07, "p99": 0.09},
+             "underruns": 0, "underrun_ms": 0.0, "refusals": 0, "errors": 0, "cut": 0, "agent_talk_share": 0.5,
+             "frames_per_s": 40.0, "kv_pages": pages, "kv_bytes_per_conversation": 5 * 2**20, "verdict": "held"}
+    row = table([level], "t").splitlines()[2].split()
+    assert row[-3:] == ["30", "5.00", "held"]
+    assert table([{**level, "kv_pages": None, "kv_bytes_per_conversation": None}], "t").splitlines()[2].split()[-3:] \
+        == ["-", "-", "held"]
 
 
 def test_the_gate_releases_everyone_at_once_and_a_leaver_holds_nobody():
@@ -144,7 +163,7 @@ def test_a_short_conversation_run_reports_every_field(tmp_path):
     assert lv["turns"] >= 2 and 0 < lv["ttfa_s"]["p50"] <= lv["ttfa_s"]["p90"] <= lv["ttfa_s"]["p99"] < 5
     assert 0 < lv["agent_talk_share"] < 1 and 0 < lv["agent_duty"] < 1
     assert lv["underruns"] >= 0 and lv["underrun_ms"] >= 0 and lv["frames_per_s"] > 0
-    assert lv["kv_pages"] is None  # the service exports no KV pages yet
+    assert lv["kv_pages"]["kv_pages_used"]["max"] > 0 and lv["kv_bytes_per_conversation"] > 0
     assert lv["engine_shares"]["decode_steps"] > 0 and lv["verdict"]
     assert (out / "conversations.png").stat().st_size > 10_000
 

@@ -240,22 +240,31 @@ def test_codec_flops_a_frame_do_not_depend_on_the_call_shape():
 
 def test_engine_bench_shared_prefix_gives_every_stream_one_voice_prompt():
     """engine_bench --shared-prefix N: each decode stream's first N positions are one
-    voice's prompt, copied in as the service copies a cached voice, so the runner's
-    shared reads point every stream at one row; without it, none."""
+    voice's prompt; its rows point at the voice's full pages and hold their own copy of
+    the partly filled last one (as the engine does), or (the baseline) each row holds a
+    copy of every page."""
     from engine.bundle import load_bundle
     from engine.runner import Runner
     from latency_bench.engine_bench import prepare_batch
 
-    runner = Runner(load_bundle("tiny", "cpu", torch.float32), 4, 256)
-    st = runner.state
-    st.kv.k[:, 0, :40].normal_()
-    prepare_batch(runner, 3, 100, shared_prefix=40)
-    held = [st.slot_prefix[s] for s in range(3)]
-    assert held[0] is not None and held[0][1] == 40 and held.count(held[0]) == 3
-    assert all(torch.equal(st.kv.k[:, s, :40], st.kv.k[:, 0, :40]) for s in (1, 2))
-    plain = Runner(st.bundle, 4, 256)
-    prepare_batch(plain, 3, 100)
-    assert plain.state.slot_prefix[:3] == [None, None, None]
+    def voice_kv(runner, row):  # the row's first 40 positions' keys, read through its page table
+        kv = runner.state.kv
+        pages = kv.page_table[row, :3].long()
+        return kv.k[:, pages].flatten(1, 2)[:, :40]
+
+    bundle = load_bundle("tiny", "cpu", torch.float32)
+    shared = Runner(bundle, 4, 256)
+    table = shared.state.kv.page_table
+    prepare_batch(shared, 3, 100, shared_prefix=40)  # pages of 16: two full, the third holds 8 positions
+    assert voice_kv(shared, 0).abs().sum() > 0
+    for row in (1, 2):
+        assert table[row, :2].tolist() == table[0, :2].tolist() and table[row, 2] != table[0, 2]
+        assert torch.equal(voice_kv(shared, row), voice_kv(shared, 0))
+    own = Runner(bundle, 4, 256)
+    prepare_batch(own, 3, 100, shared_prefix=40, share=False)
+    rows = own.state.kv.page_table[:3, :3].tolist()
+    assert len({p for row in rows for p in row}) == 9  # nobody shares a page
+    assert all(torch.equal(voice_kv(own, row), voice_kv(own, 0)) for row in (1, 2))
 
 
 def test_results_name_the_commit_and_say_when_the_tree_differs_from_it(tmp_path):
