@@ -276,7 +276,7 @@ class Engine:
             voices = (len(self.voices), self.voices.hits, self.voices.misses)
         return {
             **{f"streams_{k}": v for k, v in counts.items()},
-            "streams_max": self.config.max_streams,
+            "max_streams": self.config.max_streams,
             "decode_max_batch": self.sched.max_running,
             "up": int(self.failure is None),  # 0 once a worker thread stopped (Engine.failure)
             "decode_steps": self.steps,

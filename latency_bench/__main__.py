@@ -83,8 +83,8 @@ def synthetic_reference(seconds: float, rate: int = 44100) -> tuple[bytes, str]:
 def capacity_line(health: dict) -> str:
     """What a started service holds, from its /v1/health: open streams, the decode batch
     cap and the KV page pool."""
-    streams, kv = health.get("streams", {}), health.get("kv_pages", {})
-    line = f"streams {streams.get('max', '?')}, decode batch {health.get('max_running', '?')}"
+    kv = health.get("kv_pages", {})
+    line = f"streams {health.get('max_streams', '?')}, decode batch {health.get('max_running', '?')}"
     if "pages_total" in kv:
         line += (f", KV pool {kv['pages_total']} pages of {kv.get('page_size', '?')} positions "
                  f"({kv['pages_total'] * kv.get('page_bytes', 0) / 2**20:.0f} MiB)")

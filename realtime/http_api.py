@@ -72,7 +72,7 @@ async def health(request: Request) -> Response:
     return JSONResponse({
         "status": "error" if failed else "ok", **({"error": engine.failure} if failed else {}),
         "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
-        "sample_rate": engine.sample_rate, "max_running": stats["decode_max_batch"],
+        "sample_rate": engine.sample_rate, "max_running": stats["decode_max_batch"], "max_streams": stats["max_streams"],
         "streams": {k[8:]: v for k, v in stats.items() if k.startswith("streams_")},
         # the KV page pool: pages of `page_size` positions, `page_bytes` each
         "kv_pages": {k[3:]: v for k, v in stats.items() if k.startswith("kv_")},
