@@ -186,7 +186,8 @@ class Scheduler:
     def _can_start(self) -> bool:
         """A new stream's first segment fits in the pages free or freeable (its voice is
         checked when it is prefilled: a cached one needs none)."""
-        return self._available() >= self.pool.pages_for(self.admit_positions)
+        need = self.pool.pages_for(self.admit_positions)
+        return self.pool.free >= need or self._available() >= need  # the walk over streams only when short
 
     def _admit(self, stream: Stream) -> None:
         stream.slot = self.free_slots.pop()
@@ -270,7 +271,8 @@ class Scheduler:
                 self.voice_work.remove(stream)
                 stream.prefill_busy = False
                 self._try_release(stream)
-            elif not stream.voice_needs or self._available(exclude=stream) >= stream.voice_needs:
+            elif not stream.voice_needs or self.pool.free >= stream.voice_needs or (
+                    self._available(exclude=stream) >= stream.voice_needs):
                 self.voice_work.remove(stream)
                 return [PrefillWork(stream, "voice")]
         return []
