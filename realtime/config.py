@@ -14,6 +14,8 @@ from engine.kv_cache import KV_QUANTS
 from engine.settings import EngineConfig
 from realtime.protocol import Limits
 
+UNKNOWN_VOICE = ("error", "default")  # --unknown-voice
+
 
 @dataclass(slots=True)
 class ServiceConfig:
@@ -26,6 +28,9 @@ class ServiceConfig:
     limits: Limits = field(default_factory=Limits)
     api_keys: frozenset[str] = frozenset()  # empty: no authentication
     voices_dir: Path = Path("voices")
+    # a reference_id that is not a stored voice (e.g. one of the hosted service's library):
+    # "error" refuses it (unknown_voice); "default" speaks with the default voice, warning once per id
+    unknown_voice: str = "error"
     idle_timeout_s: float = 300.0  # a connection with nothing to do for this long is closed
     start_timeout_s: float = 30.0  # a new connection that sends no `start` for this long is closed
     # live connections at once (each holds a socket and a session, started or not; a
@@ -45,6 +50,8 @@ class ServiceConfig:
             raise ValueError("timeouts must be positive")
         if self.max_connections < 1 or self.max_voices < 0:
             raise ValueError("max_connections must be at least 1 and max_voices at least 0")
+        if self.unknown_voice not in UNKNOWN_VOICE:
+            raise ValueError(f"unknown_voice must be one of {', '.join(UNKNOWN_VOICE)}")
 
 
 # --limit NAME=VALUE: what a client may send, and how many stored voices (README, "Limits")
@@ -83,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "twice --max-running whole contexts)")
     p.add_argument("--voice-cache-mb", type=int, default=1024, help="most KV memory kept for cached voice prompts")
     p.add_argument("--voices-dir", default="voices", help="where stored voices are kept")
+    p.add_argument("--unknown-voice", default="error", choices=UNKNOWN_VOICE,
+                   help="a reference_id that is no stored voice (e.g. from the hosted voice library): error refuses "
+                        "it (unknown_voice); default speaks with the default voice and logs a warning once per id")
     p.add_argument("--api-key", action="append", default=[],
                    help="accepted API key (repeatable; also $REALTIME_API_KEYS, comma-separated)")
     p.add_argument("--max-connections", type=int, default=1024,
@@ -160,7 +170,7 @@ def _service_config(a: argparse.Namespace, keys: set[str], bench) -> ServiceConf
         engine.bench = bench
     return ServiceConfig(
         host=a.host, port=a.port, model=a.model, device=a.device, quant=a.quant, engine=engine, limits=limits,
-        api_keys=frozenset(keys), voices_dir=Path(a.voices_dir), idle_timeout_s=a.idle_timeout,
+        api_keys=frozenset(keys), voices_dir=Path(a.voices_dir), unknown_voice=a.unknown_voice, idle_timeout_s=a.idle_timeout,
         start_timeout_s=a.start_timeout, max_connections=a.max_connections, demo_page=not a.no_demo,
         debug_stalls="stalls" in a.debug, **service,
     )

@@ -1,7 +1,12 @@
 """The one error body of every HTTP response and refused WebSocket handshake:
-`{"error": code, "message": why}` with the status that code maps to."""
+`{"error": code, "message": why}` with the status that code maps to; and the server's log
+of every refusal (these, and a live session's `error` event), rate-limited per code."""
 
 from __future__ import annotations
+
+import logging
+import threading
+import time
 
 from starlette.responses import JSONResponse
 
@@ -15,7 +20,46 @@ HTTP_STATUS = {
 }
 
 
+log = logging.getLogger("realtime.refused")
+MAX_LOGGED_CHARS = 300  # of a message: they can quote what the client sent
+
+
+class RefusalLog:
+    """Logs a refusal at most once per `interval` seconds per code, so a misbehaving client
+    (or a burst of busy) cannot flood the log; the next line logged for a code says how
+    many were left out since the last. Called from the event loops of every server in the
+    process (tests run several), hence the lock."""
+
+    def __init__(self, interval: float = 1.0, clock=time.monotonic) -> None:
+        self.interval, self._clock = interval, clock
+        self._last: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def refused(self, code: str, message: str) -> None:
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(code)
+            if last is not None and now - last < self.interval:
+                self._left_out[code] = self._left_out.get(code, 0) + 1
+                return
+            self._last[code] = now
+            left_out = self._left_out.pop(code, 0)
+        more = f" (and {left_out} more {code} refusals since the last logged one)" if left_out else ""
+        log.warning("refused %s: %s%s", code, message[:MAX_LOGGED_CHARS], more)
+
+
+_refusals = RefusalLog()
+
+
+def log_refusal(code: str, message: str) -> None:
+    """Every request refused with an error (HTTP, a WebSocket handshake, a live session's
+    `error` event) is logged here, with its code and reason."""
+    _refusals.refused(code, message)
+
+
 def error_json(error: str, message: str, status: int) -> JSONResponse:
+    log_refusal(error, message)
     return JSONResponse({"error": error, "message": message}, status_code=status)
 
 

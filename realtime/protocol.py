@@ -36,6 +36,8 @@ from typing import Any
 
 import msgpack
 
+from realtime.segmenter import LATENCIES
+
 FORMATS = ("pcm", "wav", "opus", "mp3")
 SAMPLE_RATES = {
     "pcm": (8000, 16000, 22050, 24000, 32000, 44100, 48000),
@@ -46,6 +48,7 @@ SAMPLE_RATES = {
 DEFAULT_SAMPLE_RATE = {"pcm": 44100, "wav": 44100, "mp3": 44100, "opus": 48000}
 MP3_BITRATES = (64, 128, 192)
 OPUS_BITRATES = (-1000, 24, 32, 48, 64)  # kbps; -1000 = the encoder's automatic choice
+MAX_FEATURES = 16  # `features` items (the hosted API's switches, e.g. "quality-guard")
 
 
 class ErrorCode(str, Enum):
@@ -100,7 +103,8 @@ class Prosody:
 
 @dataclass(slots=True)
 class TTSRequest:
-    """The Fish `TTSRequest`, validated. Fields are the SDK's, with its defaults; `top_k`,
+    """The Fish `TTSRequest`, validated. Fields are the SDK's, with its defaults, and the
+    hosted API's (`normalize_loudness`, `features`: accepted, no effect here); `top_k`,
     `seed` and `ignore_end` (benchmarks with random weights) are extensions."""
 
     text: str = ""
@@ -108,19 +112,21 @@ class TTSRequest:
     format: str = "mp3"
     sample_rate: int | None = None
     mp3_bitrate: int = 128
-    opus_bitrate: int = 32
+    opus_bitrate: int = 32  # kbps (sent in bit/s or kbit/s: see _opus_bitrate)
     references: list[ReferenceAudio] = field(default_factory=list)
     reference_id: str | None = None
     normalize: bool = True
-    latency: str = "balanced"
+    latency: str = "balanced"  # normal | balanced | low (realtime/segmenter.py)
     prosody: Prosody | None = None
+    normalize_loudness: bool | None = None  # top-level or in prosody; no effect here
+    features: tuple[str, ...] = ()  # no effect here
     top_p: float = 0.7
     temperature: float = 0.7
     max_new_tokens: int = 1024
     repetition_penalty: float = 1.2
     min_chunk_length: int = 50
     condition_on_previous_chunks: bool = True
-    early_stop_threshold: float = 1.0
+    early_stop_threshold: float = 1.0  # no effect here
     top_k: int = 30
     seed: int | None = None
     ignore_end: bool = False  # fixed-length mode: always max_new_tokens frames per segment
@@ -187,6 +193,28 @@ def _choice(d: dict, key: str, default: int, choices: tuple) -> int:
     return v
 
 
+def _opus_bitrate(d: dict) -> int:
+    """-1000 (automatic) or a bitrate in bit/s, as the hosted API takes it (24000 ... 64000);
+    kbit/s (24 ... 64) as the SDK 1.x sends it. Returns kbps (OPUS_BITRATES)."""
+    v = _int(d, "opus_bitrate", 32, -1000, 64_000)
+    kbps = v / 1000 if v >= 1000 else v
+    if kbps not in OPUS_BITRATES:
+        raise _bad(f"opus_bitrate must be -1000 (automatic) or one of 24000, 32000, 48000, 64000 bit/s "
+                   f"(24, 32, 48, 64 in kbit/s), got {v}")
+    return int(kbps)
+
+
+def _features(d: dict) -> tuple[str, ...]:
+    v = d.get("features")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(f, str) and len(f) <= 64 for f in v):
+        raise _bad("features must be a list of names (strings of at most 64 characters)")
+    if len(v) > MAX_FEATURES:
+        raise _bad(f"features must have at most {MAX_FEATURES} items")
+    return tuple(v)
+
+
 def _references(d: dict, limits: Limits, json_body: bool) -> list[ReferenceAudio]:
     refs = d.get("references")
     if refs is None:
@@ -227,6 +255,12 @@ def _prosody(d: dict) -> Prosody | None:
     return Prosody(speed=_float(p, "speed", 1.0, 0.5, 2.0), volume=_float(p, "volume", 0.0, -20.0, 20.0))
 
 
+def _normalize_loudness(d: dict) -> bool | None:
+    """In prosody (the hosted schema) or at the top level (as some integrations send it)."""
+    p = d.get("prosody")
+    return _bool(d, "normalize_loudness", _bool(p, "normalize_loudness", None) if isinstance(p, dict) else None)
+
+
 def parse_request(d: Any, limits: Limits, json_body: bool = False) -> TTSRequest:
     """Validate a TTSRequest map (msgpack, or JSON with base64 reference audio).
     Unknown keys are ignored, as a newer client may send more."""
@@ -239,12 +273,14 @@ def parse_request(d: Any, limits: Limits, json_body: bool = False) -> TTSRequest
         format=fmt,
         sample_rate=_int(d, "sample_rate", None, 1, 10**6),
         mp3_bitrate=_choice(d, "mp3_bitrate", 128, MP3_BITRATES),
-        opus_bitrate=_choice(d, "opus_bitrate", 32, OPUS_BITRATES),
+        opus_bitrate=_opus_bitrate(d),
         references=_references(d, limits, json_body),
         reference_id=_str(d, "reference_id", None, 128),
         normalize=_bool(d, "normalize", True),
-        latency=_str(d, "latency", "balanced", 16, ("normal", "balanced")),
+        latency=_str(d, "latency", "balanced", 16, LATENCIES),
         prosody=_prosody(d),
+        normalize_loudness=_normalize_loudness(d),
+        features=_features(d),
         top_p=_float(d, "top_p", 0.7, 0.0, 1.0),
         temperature=_float(d, "temperature", 0.7, 0.0, 2.0),
         max_new_tokens=_int(d, "max_new_tokens", 1024, 1, limits.max_new_tokens),

@@ -4,9 +4,13 @@ Text arrives in pieces of any size (whole sentences, or LLM tokens: fragments of
 with or without spaces). A segment is cut at a sentence end once it holds at least
 `min_chunk_length` characters; in `balanced` latency mode the first segment of a turn may
 also end at a clause boundary (comma, semicolon, colon, dash), so speech starts sooner.
-In `normal` mode sentences are grouped up to `chunk_length` characters, so segments are
-fewer and longer. Text with no boundary is cut at a space (or anywhere, for scripts
-without spaces) once it reaches `chunk_length`. `flush()` cuts everything buffered.
+In `low` mode (the hosted API's lowest latency) the first segment of a turn ends at the
+first sentence or clause end past a few characters, else at the first word boundary past a
+few words (either way no later than `balanced` would cut it): speech starts as soon as a
+phrase is complete; later segments are cut as in `balanced`. In `normal` mode sentences are
+grouped up to `chunk_length` characters, so segments are fewer and longer. Text with no
+boundary is cut at a space (or anywhere, for scripts without spaces) once it reaches
+`chunk_length`. `flush()` cuts everything buffered.
 
 A Latin sentence end ('.', '!', '?') only counts once the next character is known to be
 whitespace ("3.14" is no end), and not after a common abbreviation or an initial ("e.g.",
@@ -21,14 +25,22 @@ _SENTENCE = re.compile(r"[.!?\u2026\u061f\u0964][\"'\u201d\u2019)\]]*(?=\s)|[\u3
 # "e.g.", "Dr.", "J." and the like end with a period but rarely end a sentence.
 _ABBREVIATION = re.compile(r"(?:\b(?:e\.g|i\.e|etc|vs|mr|mrs|ms|dr|prof|st|jr|sr|no|fig|approx)|(?<![\w.])[a-z])\.$", re.I)
 _CLAUSE = re.compile(r"[,;:\u2014\u2013][\"'\u201d\u2019)\]]*(?=\s)|[\uff0c\u3001\uff1b\uff1a]")
+_SPACE = re.compile(r"\s")
+
+LATENCIES = ("normal", "balanced", "low")
+# `low`, a turn's first segment: the fewest characters before a sentence or clause end
+# ("Sure thing," may go alone; "Okay," waits), and before a bare word boundary (about four
+# words, ~1.5 s of speech at 15 characters/s: a phrase, not a word, opens the turn)
+LOW_PUNCT_CHARS = 8
+LOW_WORD_CHARS = 24
 
 
 class TextSegmenter:
     def __init__(self, chunk_length: int = 200, min_chunk_length: int = 50, latency: str = "balanced") -> None:
         if not 0 <= min_chunk_length <= chunk_length:
             raise ValueError("min_chunk_length must be in [0, chunk_length]")
-        if latency not in ("normal", "balanced"):
-            raise ValueError("latency must be 'normal' or 'balanced'")
+        if latency not in LATENCIES:
+            raise ValueError(f"latency must be one of {', '.join(LATENCIES)}")
         self.chunk_length = chunk_length
         self.min_chunk_length = min_chunk_length
         self.latency = latency
@@ -71,9 +83,11 @@ class TextSegmenter:
 
     def _next_cut(self) -> int | None:
         text = self._buffer
+        if self.latency == "low" and not self._turn_started and (cut := self._early_cut(text)) is not None:
+            return cut
         ends = [m.end() for m in _SENTENCE.finditer(text)
                 if self._long_enough(text, m.end()) and not _ABBREVIATION.search(text[: m.end()])]
-        if self.latency == "balanced":
+        if self.latency != "normal":
             if ends:
                 return ends[0]
             if not self._turn_started:
@@ -90,8 +104,20 @@ class TextSegmenter:
             return self._forced_cut(self.chunk_length)
         return None
 
-    def _long_enough(self, text: str, end: int) -> bool:
-        return len(text[:end].strip()) >= max(1, self.min_chunk_length)
+    def _long_enough(self, text: str, end: int, least: int | None = None) -> bool:
+        return len(text[:end].strip()) >= max(1, self.min_chunk_length if least is None else least)
+
+    def _early_cut(self, text: str) -> int | None:
+        """`low`: the first sentence or clause end past LOW_PUNCT_CHARS, else the first
+        word boundary past LOW_WORD_CHARS (both at most min_chunk_length, so `low` never
+        cuts later than `balanced`)."""
+        least = min(self.min_chunk_length, LOW_PUNCT_CHARS)
+        ends = [m.end() for pattern in (_SENTENCE, _CLAUSE) for m in pattern.finditer(text)
+                if self._long_enough(text, m.end(), least) and not _ABBREVIATION.search(text[: m.end()])]
+        if ends:
+            return min(ends)
+        least = min(self.min_chunk_length, LOW_WORD_CHARS)
+        return next((m.start() for m in _SPACE.finditer(text) if self._long_enough(text, m.start(), least)), None)
 
     def _forced_cut(self, limit: int) -> int:
         """Best cut at or before `limit` characters: a sentence end, a clause end, a

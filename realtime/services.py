@@ -35,9 +35,11 @@ class Services:
     def resolve_voice(self, req: P.TTSRequest) -> VoiceInput:
         if req.reference_id:
             stored = self.voices.get(req.reference_id)
-            if stored is None:
+            if stored is not None:
+                return stored.as_input()
+            if self.config.unknown_voice == "error":
                 raise P.ProtocolError(P.ErrorCode.UNKNOWN_VOICE, f"no stored voice with id {req.reference_id!r}")
-            return stored.as_input()
+            self.voices.warn_unknown(req.reference_id)  # --unknown-voice default: e.g. a hosted library id
         return VoiceInput(tuple(ReferenceInput(r.text, audio=r.audio) for r in req.references))
 
     def stream_params(self, req: P.TTSRequest) -> StreamParams:

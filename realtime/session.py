@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engine.engine import EngineFailed, Refused
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
+from realtime.errors import log_refusal
 from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
@@ -183,6 +184,7 @@ class LiveSession:
         if self._closing:
             return
         self.svc.metrics.errors[code.value] += 1
+        log_refusal(code.value, message)
         if slow_reader:
             while not self._out.empty():
                 self._out_bytes -= len(self._out.get_nowait())

@@ -10,6 +10,7 @@ its codes without touching the reference audio again.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import threading
@@ -24,6 +25,11 @@ import torch
 from engine.voice import ReferenceInput, VoiceInput
 
 VOICE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# unknown reference_ids remembered for warning once each: clients choose them, so the
+# set is bounded (past it, it starts over and an id may be warned about again)
+MAX_UNKNOWN_IDS = 10_000
+
+log = logging.getLogger("realtime.voices")
 
 
 class VoiceStoreFull(Exception):
@@ -59,6 +65,7 @@ class VoiceStore:
         self.num_codebooks = num_codebooks
         self._lock = threading.Lock()
         self._voices: dict[str, StoredVoice] = {}
+        self._unknown: set[str] = set()  # reference_ids warned about (warn_unknown)
         for folder in sorted(self.root.iterdir()):
             if (folder / "voice.json").exists():
                 try:
@@ -82,6 +89,17 @@ class VoiceStore:
     def get(self, voice_id: str) -> StoredVoice | None:
         with self._lock:
             return self._voices.get(voice_id)
+
+    def warn_unknown(self, voice_id: str) -> None:
+        """--unknown-voice default: say once per id that it is spoken with the default voice."""
+        with self._lock:
+            if voice_id in self._unknown:
+                return
+            if len(self._unknown) >= MAX_UNKNOWN_IDS:
+                self._unknown.clear()
+            self._unknown.add(voice_id)
+        log.warning("reference_id %r is not a stored voice: speaking with the default voice (--unknown-voice default)",
+                    voice_id)
 
     def add(self, name: str, references: list[tuple[str, torch.Tensor]], voice_id: str | None = None) -> StoredVoice:
         voice_id = voice_id or uuid.uuid4().hex
