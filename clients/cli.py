@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reference", action="append", default=[], help="reference audio file (repeatable)")
     s.add_argument("--reference-text", action="append", default=[], help="transcript of each --reference")
     s.add_argument("--api-key", default=os.environ.get("REALTIME_API_KEY"), help="default: $REALTIME_API_KEY")
-    s.add_argument("--latency", choices=("normal", "balanced"))
+    s.add_argument("--latency", choices=("normal", "balanced", "low"))
     s.add_argument("--chunk-length", type=int)
     s.add_argument("--temperature", type=float)
     s.add_argument("--top-p", type=float)
