@@ -1,10 +1,10 @@
 """Reference-audio I/O: decode any common container/codec with PyAV (FFmpeg), PCM and
 float WAV with numpy (engine.wav, whatever sizes its header claims), downmix to mono,
-resample; and the 16-bit PCM / WAV writers.
+resample; the checks a reference voice must pass; and the 16-bit PCM / WAV writers.
 
 Everything here is float32 mono in [-1, 1] as numpy arrays. Errors a caller can cause
-(bad bytes, no audio, too long, odd rates) raise `AudioError`, a ValueError whose message
-can be shown to the user as is.
+(bad bytes, no audio, too long, odd rates, silence) raise `AudioError`, a ValueError whose
+message can be shown to the user as is.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from engine import wav
 
 MIN_RATE = 8_000
 MAX_RATE = 192_000
+MIN_REFERENCE_SECONDS = 0.5
+# -60 dBFS: a voice recording peaks far above it, and so does its room noise; only digital
+# silence or a muted input stays below (16-bit dither sits near -90 dBFS)
+SILENT_PEAK = 10 ** (-60 / 20)
 
 AudioSource = bytes | bytearray | memoryview | str | Path
 
@@ -47,6 +51,27 @@ def load_audio(source: AudioSource, target_rate: int, max_seconds: float = 60.0)
     _check_rate(target_rate, "target rate")
     x, rate = _decode_mono(source, max_seconds)
     return resample(x, rate, target_rate)
+
+
+def load_reference(source: AudioSource, target_rate: int, max_seconds: float = 30.0) -> np.ndarray:
+    """`load_audio` for a reference voice, which must also hold a voice to learn from.
+
+    Refused (AudioError, the reason in the message) rather than used: audio shorter than
+    MIN_REFERENCE_SECONDS (0.5 s, hardly a syllable), silent audio (peak below -60 dBFS),
+    and NaN or infinite samples (a broken float WAV). Used, each would make a voice prompt
+    of nothing: the model would clone silence or noise, and the user would hear a wrong
+    voice with no error saying why.
+    """
+    name = _name(source)
+    x = load_audio(source, target_rate, max_seconds)
+    if len(x) < int(MIN_REFERENCE_SECONDS * target_rate):  # floor: exactly 0.5 s passes after resampling
+        raise AudioError(f"{name}: reference audio is {len(x) / target_rate:.2f} s long, shorter than "
+                         f"the {MIN_REFERENCE_SECONDS:g} s minimum")
+    if not np.isfinite(x).all():
+        raise AudioError(f"{name}: reference audio has NaN or infinite samples")
+    if np.abs(x).max() < SILENT_PEAK:
+        raise AudioError(f"{name}: reference audio is silent (its peak is below -60 dBFS)")
+    return x
 
 
 def resample(x: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
