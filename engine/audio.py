@@ -1,21 +1,30 @@
-"""Reference-audio I/O: decode any common container/codec with PyAV (FFmpeg), downmix to
-mono, resample; and the 16-bit PCM / WAV writers.
+"""Reference-audio I/O: decode any common container/codec with PyAV (FFmpeg), PCM and
+float WAV with numpy (engine.wav, whatever sizes its header claims), downmix to mono,
+resample; the checks a reference voice must pass; and the 16-bit PCM / WAV writers.
 
 Everything here is float32 mono in [-1, 1] as numpy arrays. Errors a caller can cause
-(bad bytes, no audio, too long, odd rates) raise `AudioError`, a ValueError whose message
-can be shown to the user as is.
+(bad bytes, no audio, too long, odd rates, silence) raise `AudioError`, a ValueError whose
+message can be shown to the user as is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import mmap
 import wave
 from pathlib import Path
 
 import numpy as np
 
+from engine import wav
+
 MIN_RATE = 8_000
 MAX_RATE = 192_000
+MIN_REFERENCE_SECONDS = 0.5
+# -60 dBFS: a voice recording peaks far above it, and so does its room noise; only digital
+# silence or a muted input stays below (16-bit dither sits near -90 dBFS)
+SILENT_PEAK = 10 ** (-60 / 20)
 
 AudioSource = bytes | bytearray | memoryview | str | Path
 
@@ -42,6 +51,27 @@ def load_audio(source: AudioSource, target_rate: int, max_seconds: float = 60.0)
     _check_rate(target_rate, "target rate")
     x, rate = _decode_mono(source, max_seconds)
     return resample(x, rate, target_rate)
+
+
+def load_reference(source: AudioSource, target_rate: int, max_seconds: float = 30.0) -> np.ndarray:
+    """`load_audio` for a reference voice, which must also hold a voice to learn from.
+
+    Refused (AudioError, the reason in the message) rather than used: audio shorter than
+    MIN_REFERENCE_SECONDS (0.5 s, hardly a syllable), silent audio (peak below -60 dBFS),
+    and NaN or infinite samples (a broken float WAV). Used, each would make a voice prompt
+    of nothing: the model would clone silence or noise, and the user would hear a wrong
+    voice with no error saying why.
+    """
+    name = _name(source)
+    x = load_audio(source, target_rate, max_seconds)
+    if len(x) < int(MIN_REFERENCE_SECONDS * target_rate):  # floor: exactly 0.5 s passes after resampling
+        raise AudioError(f"{name}: reference audio is {len(x) / target_rate:.2f} s long, shorter than "
+                         f"the {MIN_REFERENCE_SECONDS:g} s minimum")
+    if not np.isfinite(x).all():
+        raise AudioError(f"{name}: reference audio has NaN or infinite samples")
+    if np.abs(x).max() < SILENT_PEAK:
+        raise AudioError(f"{name}: reference audio is silent (its peak is below -60 dBFS)")
+    return x
 
 
 def resample(x: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
@@ -93,31 +123,51 @@ def _check_rate(rate: int, what: str) -> None:
         raise AudioError(f"unsupported {what} {rate} Hz (supported: {MIN_RATE}..{MAX_RATE} Hz)")
 
 
+def _name(source: AudioSource) -> str:
+    return "audio data" if isinstance(source, (bytes, bytearray, memoryview)) else str(source)
+
+
 def _open(source: AudioSource) -> tuple[av.container.InputContainer, str]:
+    name = _name(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        name, data = "audio data", bytes(source)
+        data = bytes(source)
         if not data:
             raise AudioError("audio data is empty (0 bytes)")
         file: io.BytesIO | str = io.BytesIO(data)
+        head = data[:12]
     else:
         path = Path(source)
-        name = str(path)
         if not path.is_file():
             raise AudioError(f"{name}: no such audio file")
         if path.stat().st_size == 0:
             raise AudioError(f"{name}: audio file is empty (0 bytes)")
         file = name
+        with open(path, "rb") as f:
+            head = f.read(12)
     av = pyav()
     try:
         return av.open(file, mode="r"), name
     except av.FFmpegError as e:
-        raise AudioError(f"{name}: not a readable audio file ({e.strerror or e})") from e
+        kind = _kind(head)
+        if kind:
+            raise AudioError(f"{name}: the {kind} file is cut short or damaged ({e.strerror or e})") from e
+        raise AudioError(f"{name}: not a readable audio file ({e.strerror or e}; expected WAV, MP3, "
+                         "Ogg/Opus, WebM, FLAC or M4A)") from e
+
+
+# magic bytes -> a format's name, to tell "damaged" from "not audio" when FFmpeg cannot open a file
+_MAGIC = ((8, b"WAVE", "WAV"), (0, b"OggS", "Ogg"), (0, b"\x1aE\xdf\xa3", "WebM/Matroska"),
+          (0, b"fLaC", "FLAC"), (0, b"ID3", "MP3"), (4, b"ftyp", "MP4/M4A"))
+
+
+def _kind(head: bytes) -> str | None:
+    return next((kind for at, magic, kind in _MAGIC if head[at:at + len(magic)] == magic), None)
 
 
 def _decode_mono(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, int]:
-    wav = _decode_pcm_wav(source, max_seconds)
-    if wav is not None:
-        return wav
+    decoded = _decode_wav(source, max_seconds)
+    if decoded is not None:
+        return decoded
     container, name = _open(source)
     with container:
         if not container.streams.audio:
@@ -134,14 +184,17 @@ def _decode_mono(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, i
                     _check_source_rate(name, rate)
                 total += _append_mono(chunks, to_float.resample(frame))
                 _check_length(name, total, rate, max_seconds)
-            total += _append_mono(chunks, to_float.resample(None))
         except av.FFmpegError as e:
-            raise AudioError(f"{name}: audio could not be decoded ({e.strerror or e})") from e
+            # a file cut short fails at its last, partial packet: keep the audio before it,
+            # as a WAV cut short is read to its end
+            if not total:
+                raise AudioError(f"{name}: audio could not be decoded ({e.strerror or e})") from e
+        total += _append_mono(chunks, to_float.resample(None))
     _check_not_empty(name, total)
     return np.concatenate(chunks).astype(np.float32, copy=False), rate
 
 
-# the limits on a decoded source, the same for the PyAV and the standard-library paths
+# the limits on a decoded source, the same for the PyAV and the numpy WAV paths
 def _check_source_rate(name: str, rate: int) -> None:
     if not MIN_RATE <= rate <= MAX_RATE:
         raise AudioError(f"{name}: unsupported sample rate {rate} Hz (supported: {MIN_RATE}..{MAX_RATE} Hz)")
@@ -157,48 +210,43 @@ def _check_not_empty(name: str, samples: int) -> None:
         raise AudioError(f"{name}: contains no audio samples")
 
 
-# integer PCM sample widths the stdlib reads -> (numpy dtype, offset, full scale); FFmpeg
-# converts them to float the same way (8-bit is unsigned around 128)
-_PCM = {1: ("u1", 128.0, 128.0), 2: ("<i2", 0.0, 32768.0), 4: ("<i4", 0.0, 2147483648.0)}
+def _decode_wav(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, int] | None:
+    """A PCM or float WAV read with numpy (engine.wav), the same samples FFmpeg gives, its
+    length counted from the bytes present (a streamed WAV's header claims 0xFFFFFFFF); None
+    for anything else (PyAV decodes it, or reports why it cannot). Why not PyAV: a PCM/WAV
+    service then needs no PyAV for WAV references at the codec's rate (the GPU image has
+    no PyAV, and its 36 MB wheel does not fit beside the tree in a device call)."""
+    name = _name(source)
+    with _buffer(source) as buf:
+        if buf is None:
+            return None  # _open says why
+        try:
+            layout = wav.parse(buf)
+        except wav.WavError as e:
+            raise AudioError(f"{name}: {e}") from None
+        if layout is None:
+            return None
+        _check_source_rate(name, layout.rate)
+        _check_length(name, layout.frames, layout.rate, max_seconds)
+        _check_not_empty(name, layout.frames)
+        data = bytes(buf[layout.offset:layout.offset + layout.nbytes])  # after the checks: a long file costs little
+    x = wav.samples(data, layout)  # [frames, channels]
+    return (x.mean(axis=1) if layout.channels > 1 else x[:, 0]).astype(np.float32, copy=False), layout.rate
 
 
-def _decode_pcm_wav(source: AudioSource, max_seconds: float) -> tuple[np.ndarray, int] | None:
-    """A plain integer-PCM WAV decoded with the standard library, the same samples FFmpeg
-    gives; None for anything else (PyAV decodes it, or reports why it cannot). Why: a
-    PCM/WAV service then needs no PyAV for WAV references at the codec's rate (the GPU
-    image has no PyAV, and its 36 MB wheel does not fit beside the tree in a device call)."""
-    in_memory = isinstance(source, (bytes, bytearray, memoryview))
-    if in_memory:
-        name, head = "audio data", bytes(source[:12])
-    else:
-        name = str(source)
-        if not Path(source).is_file():
-            return None  # _open says so
-        with open(source, "rb") as f:
-            head = f.read(12)
-    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-        return None  # checked first, so that other formats are not copied for the stdlib
-    file = io.BytesIO(bytes(source)) if in_memory else name
-    try:
-        with wave.open(file, "rb") as w:
-            channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
-            if width not in (1, 2, 3, 4) or channels < 1:
-                return None
-            _check_source_rate(name, rate)
-            _check_length(name, frames, rate, max_seconds)
-            raw = w.readframes(frames)
-    except (wave.Error, EOFError):
-        return None  # not a WAV the stdlib reads (float, compressed, damaged): PyAV's turn
-    raw = raw[: len(raw) - len(raw) % (channels * width)]
-    _check_not_empty(name, len(raw))
-    if width == 3:  # 24-bit: widen to 32 (the low byte zero), then as 32-bit
-        b = np.frombuffer(raw, np.uint8).reshape(-1, 3)
-        raw = np.concatenate([np.zeros((b.shape[0], 1), np.uint8), b], axis=1).tobytes()
-        width = 4
-    dtype, offset, scale = _PCM[width]
-    x = (np.frombuffer(raw, dtype).astype(np.float32) - offset) / scale
-    x = x.reshape(-1, channels)
-    return (x.mean(axis=1) if channels > 1 else x[:, 0]).astype(np.float32, copy=False), rate
+@contextlib.contextmanager
+def _buffer(source: AudioSource):
+    """The bytes of `source`, a file mapped rather than read; None for a path that is not a
+    non-empty file."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        yield memoryview(source).cast("B")
+        return
+    path = Path(source)
+    if not path.is_file() or path.stat().st_size == 0:
+        yield None
+        return
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        yield m
 
 
 def _append_mono(chunks: list[np.ndarray], frames: list[av.AudioFrame]) -> int:

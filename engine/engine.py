@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.audio import AudioError, load_audio
+from engine.audio import AudioError, load_reference
 from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
 from engine.gpu_errors import device_lost
@@ -364,7 +364,7 @@ class Engine:
         codes = self.codes_cache.get(key)
         if codes is None:
             codec = self.bundle.codec
-            wav = load_audio(ref.audio, codec.sample_rate, max_seconds=self.config.max_reference_seconds)
+            wav = load_reference(ref.audio, codec.sample_rate, max_seconds=self.config.max_reference_seconds)
             codes = self.runner.encode_audio(codec, wav)
             self.codes_cache.put(key, codes)
         return codes

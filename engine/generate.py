@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from engine.audio import load_audio
+from engine.audio import load_reference
 from engine.bundle import ModelBundle
 from engine.codec.streaming import StreamingDecoder
 from engine.frame import decode_frame, new_window, push_window, sample_frame
@@ -59,7 +59,7 @@ class Synthesizer:
     @torch.inference_mode()
     def encode_reference(self, audio: bytes | str | Path, text: str, max_seconds: float = 60.0) -> Reference:
         codec = self.bundle.codec
-        wav = load_audio(audio, codec.sample_rate, max_seconds=max_seconds)
+        wav = load_reference(audio, codec.sample_rate, max_seconds=max_seconds)
         x = torch.from_numpy(wav).to(self.bundle.device, codec_dtype(codec))[None]
         codes = codec.encode(x)[0].cpu()  # [C, frames]
         return Reference(text=text, codes=codes)

@@ -166,7 +166,7 @@ def test_wav_bytes_header_and_round_trip():
     assert np.abs(load_audio(data, 24_000) - x).max() < 1.5 / 32767
 
 
-def stdlib_wav(extensible: bytes, channels: int, rate: int, width: int) -> bytes:
+def plain_wav(extensible: bytes, channels: int, rate: int, width: int) -> bytes:
     """A WAVE_FORMAT_EXTENSIBLE file's samples rewritten under a plain PCM header."""
     data = extensible[extensible.index(b"data") + 8:]
     buf = io.BytesIO()
@@ -178,36 +178,40 @@ def stdlib_wav(extensible: bytes, channels: int, rate: int, width: int) -> bytes
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("codec", ["pcm_u8", "pcm_s16le", "pcm_s24le", "pcm_s32le"])
+@pytest.mark.parametrize("codec", ["pcm_u8", "pcm_s16le", "pcm_s24le", "pcm_s32le", "pcm_f32le", "pcm_f64le"])
 @pytest.mark.parametrize("channels", [1, 2])
-def test_plain_pcm_wav_decodes_without_pyav_to_ffmpegs_samples(codec, channels, monkeypatch):
-    """Integer-PCM WAV is read with the standard library (engine.audio._decode_pcm_wav):
-    the same samples as FFmpeg's decode, bit for bit, every sample width, mono and stereo;
-    and with PyAV not importable (the GPU image) a WAV at the target rate still loads."""
+def test_pcm_and_float_wav_decode_without_pyav_to_ffmpegs_samples(codec, channels, monkeypatch):
+    """PCM and float WAV are read with numpy (engine.audio._decode_wav): the same samples
+    as FFmpeg's decode, bit for bit, every sample width, mono and stereo, plain and
+    WAVE_FORMAT_EXTENSIBLE headers; and with PyAV not importable (the GPU image) a WAV at
+    the target rate still loads."""
     import engine.audio as audio
 
     rate = 24_000
     x = tone(440.0, rate, 0.3, 0.6) if channels == 1 else np.stack([tone(440.0, rate, 0.3, 0.6),
                                                                      tone(1000.0, rate, 0.3, 0.3)])
     data = encode(x, rate, "wav", codec)
-    if codec in ("pcm_s24le", "pcm_s32le"):  # FFmpeg writes those as WAVE_FORMAT_EXTENSIBLE,
-        assert audio._decode_pcm_wav(data, 60.0) is None  # which the stdlib leaves to PyAV;
-        data = stdlib_wav(data, channels, rate, int(codec[5:7]) // 8)  # the same samples, a plain PCM header
-    assert audio._decode_pcm_wav(data, 60.0) is not None  # the stdlib path takes it
-    ours = load_audio(data, rate)
-    with monkeypatch.context() as m:
-        m.setattr(audio, "_decode_pcm_wav", lambda source, max_seconds: None)
-        ffmpeg = load_audio(data, rate)
-    assert ours.dtype == np.float32 and np.array_equal(ours, ffmpeg)
-    monkeypatch.setitem(__import__("sys").modules, "av", None)  # import av now fails
-    assert np.array_equal(load_audio(data, rate), ffmpeg)
-    with pytest.raises(ImportError):
-        load_audio(data, TARGET)  # resampling still needs PyAV
+    variants = [data]
+    if codec in ("pcm_s24le", "pcm_s32le"):  # FFmpeg writes those as WAVE_FORMAT_EXTENSIBLE
+        assert data[20:22] == b"\xfe\xff"
+        variants.append(plain_wav(data, channels, rate, int(codec[5:7]) // 8))
+    for data in variants:
+        assert audio._decode_wav(data, 60.0) is not None  # numpy's path takes it
+        ours = load_audio(data, rate)
+        with monkeypatch.context() as m:
+            m.setattr(audio, "_decode_wav", lambda source, max_seconds: None)
+            ffmpeg = load_audio(data, rate)
+        assert ours.dtype == np.float32 and np.array_equal(ours, ffmpeg)
+        with monkeypatch.context() as m:
+            m.setitem(__import__("sys").modules, "av", None)  # import av now fails
+            assert np.array_equal(load_audio(data, rate), ffmpeg)
+            with pytest.raises(ImportError):
+                load_audio(data, TARGET)  # resampling still needs PyAV
 
 
-def test_plain_pcm_wav_limits_without_pyav(tmp_path, monkeypatch):
-    """The stdlib WAV path keeps every limit and message of the PyAV one: too long, rate
-    out of range, no samples; a float WAV (which the stdlib does not read) still decodes."""
+def test_wav_limits_without_pyav(tmp_path, monkeypatch):
+    """The numpy WAV path keeps every limit and message of the PyAV one: too long, rate
+    out of range, no samples; a path is read too."""
     monkeypatch.setitem(__import__("sys").modules, "av", None)
     with pytest.raises(AudioError, match="longer than the 2 s limit"):
         load_audio(wav_bytes(tone(440.0, 8_000, 3.0), 8_000), 8_000, max_seconds=2.0)
@@ -220,6 +224,3 @@ def test_plain_pcm_wav_limits_without_pyav(tmp_path, monkeypatch):
     path = tmp_path / "ref.wav"
     write_wav(path, tone(300.0, 16_000, 0.5), 16_000)
     assert len(load_audio(path, 16_000)) == 8_000
-    monkeypatch.undo()
-    data = encode(tone(440.0, 16_000, 0.5), 16_000, "wav", "pcm_f32le")
-    assert len(load_audio(data, 16_000)) == 8_000  # float WAV: PyAV's
