@@ -1,5 +1,6 @@
 """The one error body of every HTTP response and refused WebSocket handshake:
-`{"error": code, "message": why}` with the status that code maps to."""
+`{"error": code, "message": why}` with the status that code maps to; a refusal for want
+of capacity (`busy`) has the hosted Fish API's shape instead, plus ours (busy_response)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ HTTP_STATUS = {
 }
 
 
+# the hosted Fish API's answer past a concurrency limit: {"error": FISH_BUSY, "max_concurrency": N}
+FISH_BUSY = "Concurrency limit exceeded"
+
+
+def concurrency_fields(limit: int) -> dict:
+    """What a Fish client looks for in a refusal for want of capacity (a `busy` error event
+    carries it too)."""
+    return {"error": FISH_BUSY, "max_concurrency": limit}
+
+
 def error_json(error: str, message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": error, "message": message}, status_code=status)
 
@@ -23,6 +34,15 @@ def error_response(code: P.ErrorCode, message: str, metrics: Metrics | None = No
     if metrics is not None:
         metrics.errors[code.value] += 1
     return error_json(code.value, message, HTTP_STATUS[code])
+
+
+def busy_response(message: str, limit: int, metrics: Metrics | None = None) -> JSONResponse:
+    """503 with the Fish body, our code as `code` and why as `message` (503, not Fish's 429:
+    this replica is full, so a load balancer or client should try another)."""
+    if metrics is not None:
+        metrics.errors[P.ErrorCode.BUSY.value] += 1
+    body = {**concurrency_fields(limit), "code": P.ErrorCode.BUSY.value, "message": message}
+    return JSONResponse(body, status_code=HTTP_STATUS[P.ErrorCode.BUSY])
 
 
 def unauthorized_response() -> JSONResponse:

@@ -15,7 +15,7 @@ from engine.voice import ReferenceInput
 from realtime import protocol as P
 from realtime.audio_out import finalize_wav
 from realtime.auth import authorized
-from realtime.errors import error_response, unauthorized_response
+from realtime.errors import busy_response, error_response, unauthorized_response
 from realtime.oneshot import synthesize
 from realtime.services import Services
 from realtime.voices import VoiceStoreError, VoiceStoreFull
@@ -45,6 +45,8 @@ async def tts(request: Request) -> Response:
     try:
         first = await chunks.__anext__()
     except P.ProtocolError as e:
+        if e.code is P.ErrorCode.BUSY:
+            return busy_response(e.message, svc.engine.config.max_streams, svc.metrics)
         return error_response(e.code, e.message, svc.metrics)
     except StopAsyncIteration:
         first = b""

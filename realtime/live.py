@@ -8,9 +8,8 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 
-from realtime import protocol as P
 from realtime.auth import authorized
-from realtime.errors import error_json, unauthorized_response
+from realtime.errors import busy_response, error_json, unauthorized_response
 from realtime.services import Services
 from realtime.session import LiveSession
 
@@ -23,9 +22,7 @@ async def live(ws: WebSocket) -> None:
         await _deny(ws, unauthorized_response())
         return
     if m.sessions_active >= limit:
-        m.errors[P.ErrorCode.BUSY.value] += 1
-        await _deny(ws, error_json(P.ErrorCode.BUSY.value, f"server busy: {limit} connections "
-                                   "are open (--max-connections)", 503))
+        await _deny(ws, busy_response(f"server busy: {limit} connections are open (--max-connections)", limit, m))
         return
     m.sessions_active += 1  # counted before the first await: no two handshakes take the last place
     m.sessions_total += 1

@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engine.engine import EngineFailed, Refused
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
+from realtime.errors import concurrency_fields
 from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
@@ -186,7 +187,10 @@ class LiveSession:
         if slow_reader:
             while not self._out.empty():
                 self._out_bytes -= len(self._out.get_nowait())
-        for event in (P.error_event(code, message), P.finish_event("error", message)):
+        error = P.error_event(code, message)
+        if code is P.ErrorCode.BUSY:  # no capacity: the hosted Fish API's fields too
+            error |= concurrency_fields(self.svc.engine.config.max_streams)
+        for event in (error, P.finish_event("error", message)):
             self._enqueue(P.pack(event))
         self._finish()
 
