@@ -45,6 +45,12 @@ def busy_response(message: str, limit: int, metrics: Metrics | None = None) -> J
     return JSONResponse(body, status_code=HTTP_STATUS[P.ErrorCode.BUSY])
 
 
+def draining_response() -> JSONResponse:
+    """New work while the service drains (SIGTERM, Services.drain): 503, so that a client or
+    load balancer tries another replica."""
+    return error_json("draining", "the server is shutting down: connect to another replica or try again", 503)
+
+
 def unauthorized_response() -> JSONResponse:
     """A missing or wrong API key, on HTTP and on a refused WebSocket handshake alike."""
     return error_json("unauthorized", "missing or wrong API key", 401)

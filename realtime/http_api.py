@@ -15,7 +15,7 @@ from engine.voice import ReferenceInput
 from realtime import protocol as P
 from realtime.audio_out import finalize_wav
 from realtime.auth import authorized
-from realtime.errors import busy_response, error_response, unauthorized_response
+from realtime.errors import busy_response, draining_response, error_response, unauthorized_response
 from realtime.oneshot import synthesize
 from realtime.services import Services
 from realtime.voices import VoiceStoreError, VoiceStoreFull
@@ -36,6 +36,8 @@ async def tts(request: Request) -> Response:
     svc.metrics.http_requests += 1
     if not _authorized(request):
         return unauthorized_response()
+    if svc.draining:
+        return draining_response()
     try:
         data, is_json = await _read_body(request, svc.config.limits)
         req = P.parse_request(data, svc.config.limits, is_json)
@@ -67,18 +69,20 @@ async def tts(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    engine = _services(request).engine
+    svc = _services(request)
+    engine = svc.engine
     b = engine.bundle
     failed = engine.failure is not None  # a worker thread stopped: 503, so a supervisor restarts it
+    status = "error" if failed else "draining" if svc.draining else "ok"  # draining: SIGTERM, Services.drain
     stats = engine.stats()
     return JSONResponse({
-        "status": "error" if failed else "ok", **({"error": engine.failure} if failed else {}),
+        "status": status, **({"error": engine.failure} if failed else {}),
         "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
         "sample_rate": engine.sample_rate, "max_running": stats["decode_max_batch"], "max_streams": stats["max_streams"],
         "streams": {k[8:]: v for k, v in stats.items() if k.startswith("streams_")},
         # the KV page pool: pages of `page_size` positions, `page_bytes` each
         "kv_pages": {k[3:]: v for k, v in stats.items() if k.startswith("kv_")},
-    }, status_code=503 if failed else 200)
+    }, status_code=200 if status == "ok" else 503)
 
 
 async def metrics(request: Request) -> Response:
