@@ -5,6 +5,7 @@ Shared objects reach them through `request.app.state.services` (realtime/app.py)
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 
 import msgpack
@@ -15,10 +16,10 @@ from engine.voice import ReferenceInput
 from realtime import protocol as P
 from realtime.audio_out import finalize_wav
 from realtime.auth import authorized
-from realtime.errors import busy_response, draining_response, error_response, unauthorized_response
+from realtime.errors import busy_response, draining_response, error_json, error_response, unauthorized_response
 from realtime.oneshot import synthesize
 from realtime.services import Services
-from realtime.voices import VoiceStoreError, VoiceStoreFull
+from realtime.voices import VoiceStoreError, VoiceStoreFull, VoiceStoreUnwritable
 
 MEDIA_TYPES = {"mp3": "audio/mpeg", "wav": "audio/wav", "opus": "audio/ogg", "pcm": "audio/L16"}
 
@@ -112,6 +113,8 @@ async def create_voice(request: Request) -> Response:
         return error_response(P.ErrorCode.INVALID_FIELD, str(e), svc.metrics)
     except VoiceStoreFull as e:
         return error_response(P.ErrorCode.TOO_LARGE, str(e), svc.metrics)
+    except VoiceStoreUnwritable as e:
+        return storage_error(e)
     except ValueError as e:  # AudioError: undecodable, empty or too long reference audio
         return error_response(P.ErrorCode.BAD_AUDIO, str(e), svc.metrics)
     return JSONResponse(voice.summary(), status_code=201)
@@ -140,12 +143,23 @@ async def voice(request: Request) -> Response:
         return unauthorized_response()
     voice_id = request.path_params["voice_id"]
     if request.method == "DELETE":
-        return Response(status_code=204) if svc.voices.delete(voice_id) else error_response(
+        try:
+            deleted = svc.voices.delete(voice_id)
+        except VoiceStoreUnwritable as e:
+            return storage_error(e)
+        return Response(status_code=204) if deleted else error_response(
             P.ErrorCode.UNKNOWN_VOICE, f"no stored voice with id {voice_id!r}")
     stored = svc.voices.get(voice_id)
     if stored is None:
         return error_response(P.ErrorCode.UNKNOWN_VOICE, f"no stored voice with id {voice_id!r}")
     return JSONResponse(stored.summary())
+
+
+def storage_error(e: VoiceStoreUnwritable) -> Response:
+    """The voices folder could not be written: 507 (Insufficient Storage) for a full disk or
+    quota, 500 otherwise (read-only, permissions); the store is unchanged."""
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return error_json("storage", str(e), 507 if full else 500)
 
 
 async def _read_body(request: Request, limits: P.Limits) -> tuple[object, bool]:
