@@ -146,7 +146,9 @@ class LiveSession:
         if self.state is State.AWAITING_START:
             return self.svc.config.start_timeout_s
         if self.state is State.PREPARING:
-            return self.svc.config.ready_timeout_s
+            # the wait that begins now outlasts the prefill: after `ready` it is the idle
+            # wait, so no longer than that (a silent client was kept ready_timeout_s more)
+            return min(self.svc.config.ready_timeout_s, self.svc.config.idle_timeout_s)
         return self.svc.config.idle_timeout_s
 
     def _busy(self) -> bool:
