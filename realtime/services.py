@@ -8,7 +8,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.engine import Engine, StreamParams
 from engine.sampling import SamplingParams
@@ -19,13 +19,17 @@ from realtime.mailbox import LoopMailbox
 from realtime.metrics import Metrics
 from realtime.voices import VoiceStore
 
-if TYPE_CHECKING:
-    from realtime.session import LiveSession
-
 log = logging.getLogger("realtime.drain")
 
 # after the drain's cut, how long the cut sessions get to send their last events and close
 CUT_GRACE_S = 5.0
+
+
+class Drainable(Protocol):
+    """What the drain asks of a live session (realtime/session.py, LiveSession)."""
+
+    def drain(self) -> None: ...  # finish the turns in flight, then `finish`
+    def cut(self, message: str) -> None: ...  # error + finish now
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Services:
     metrics: Metrics
     voices: VoiceStore
     _mailbox: LoopMailbox | None = field(default=None, init=False, repr=False)
-    sessions: set["LiveSession"] = field(default_factory=set, init=False, repr=False)  # accepted, not yet ended
+    sessions: set[Drainable] = field(default_factory=set, init=False, repr=False)  # accepted, not yet ended
     # set once, by drain(): health says so (503), new connections and requests are refused
     draining: bool = field(default=False, init=False)
     _no_sessions: asyncio.Event | None = field(default=None, init=False, repr=False)
@@ -47,12 +51,12 @@ class Services:
             self._mailbox = LoopMailbox(loop)
         return self._mailbox
 
-    def admit(self, session: "LiveSession") -> None:
+    def admit(self, session: Drainable) -> None:
         self.sessions.add(session)
         if self.draining:  # accepted while the drain began: it drains too
             session.drain()
 
-    def forget(self, session: "LiveSession") -> None:
+    def forget(self, session: Drainable) -> None:
         self.sessions.discard(session)
         if not self.sessions and self._no_sessions is not None:
             self._no_sessions.set()
