@@ -32,7 +32,10 @@ def serve(config: ServiceConfig) -> int:
         print(f"API keys required ({len(config.api_keys)} configured)", flush=True)
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
                                            **uvicorn_options(config)), app.state.services)
-    server.run()  # returns after SIGTERM's drain (exit 0); a second signal re-raises itself
+    try:
+        server.run()  # returns after SIGTERM's drain (exit 0)
+    except KeyboardInterrupt:  # SIGINT, raised again once uvicorn has shut down (as uvicorn.run allows)
+        pass
     return 0 if server.started else 3  # 3: uvicorn's exit status for a failed start-up
 
 

@@ -23,7 +23,6 @@ import signal
 from contextlib import asynccontextmanager
 
 import uvicorn
-
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
 
@@ -100,7 +99,6 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_asked = False
         self._drain_task: asyncio.Task | None = None
-        self.drained = False
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -124,7 +122,6 @@ class DrainingServer(uvicorn.Server):
         deadline = loop.time() + self.services.config.drain_timeout_s
         await self.services.drain()
         self.config.timeout_graceful_shutdown = max(1.0, deadline - loop.time())  # read by uvicorn's shutdown
-        self.drained = True
         self.should_exit = True
 
 

@@ -1,8 +1,8 @@
 """Graceful drain: `python -m realtime` as a subprocess, SIGTERM while turns are in flight.
 
-Each turn in flight is spoken to its end, then `finish`; meanwhile new connections get
-503 and health says `draining`; the process exits 0. Past --drain-timeout a turn is cut
-and still ends with `finish`."""
+Each turn in flight (live, or an HTTP request) is spoken to its end, then `finish`;
+meanwhile new connections and requests get 503 and health says `draining`; the process
+exits 0. Past --drain-timeout a turn is cut and still ends with `finish`."""
 
 from __future__ import annotations
 
@@ -77,28 +77,35 @@ def audio_bytes(events) -> int:
 
 def test_sigterm_finishes_the_turns_in_flight_refuses_new_ones_and_exits_0(tmp_path):
     with service(tmp_path) as (proc, port):
-        url = f"ws://127.0.0.1:{port}/v1/tts/live"
+        url, http_url = f"ws://127.0.0.1:{port}/v1/tts/live", f"http://127.0.0.1:{port}"
+        tts = {"text": "An HTTP request in flight.", "format": "pcm", "max_new_tokens": LONG, "ignore_end": True}
 
         async def main():
             speaking = await asyncio.gather(*(open_turn(url, LONG) for _ in range(3)))
             idle = await websockets.connect(url, max_size=None)  # ready, between turns
             await idle.send(msgpack.packb({"event": "start", "request": {"format": "pcm"}}))
             assert msgpack.unpackb(await idle.recv())["event"] == "ready"
-            proc.send_signal(signal.SIGTERM)
-            t0 = time.monotonic()
-            ends = [asyncio.create_task(rest(ws)) for ws, _ in speaking]
-            idle_end = await asyncio.wait_for(rest(idle), 10)  # nothing in flight: finished at once
-            async with httpx.AsyncClient() as http:
-                health = await http.get(f"http://127.0.0.1:{port}/v1/health")
-            with pytest.raises(websockets.InvalidStatus) as refused:
-                await websockets.connect(url)
-            in_flight = not any(t.done() for t in ends)
-            return speaking, await asyncio.gather(*ends), idle_end, health, refused.value.response, in_flight, t0
+            async with httpx.AsyncClient(timeout=60) as http:
+                oneshot = asyncio.create_task(http.post(f"{http_url}/v1/tts", json=tts))
+                await asyncio.sleep(0.5)
+                proc.send_signal(signal.SIGTERM)
+                t0 = time.monotonic()
+                ends = [asyncio.create_task(rest(ws)) for ws, _ in speaking]
+                idle_end = await asyncio.wait_for(rest(idle), 10)  # nothing in flight: finished at once
+                health = await http.get(f"{http_url}/v1/health")
+                new_oneshot = await http.post(f"{http_url}/v1/tts", json=tts)
+                with pytest.raises(websockets.InvalidStatus) as refused:
+                    await websockets.connect(url)
+                in_flight = not any(t.done() for t in [*ends, oneshot])
+                return (speaking, await asyncio.gather(*ends), idle_end, health, refused.value.response, new_oneshot,
+                        await oneshot, in_flight, t0)
 
-        speaking, ends, idle_end, health, refused, in_flight, t0 = asyncio.run(main())
-        assert in_flight  # the refusal and health below were seen while the turns were being spoken
+        speaking, ends, idle_end, health, refused, new_oneshot, oneshot, in_flight, t0 = asyncio.run(main())
+        assert in_flight  # the refusals and health below were seen while the turns were being spoken
         assert health.status_code == 503 and health.json()["status"] == "draining"
         assert refused.status_code == 503 and b'"error":"draining"' in refused.body
+        assert new_oneshot.status_code == 503 and new_oneshot.json()["error"] == "draining"
+        assert oneshot.status_code == 200 and len(oneshot.content) == 2 * LONG * HOP
         assert idle_end == ([{"event": "finish", "reason": "stop", "message": "the server is shutting down"}], 1001)
         for (_, head), (tail, code) in zip(speaking, ends):
             events = head + tail
