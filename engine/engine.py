@@ -124,6 +124,21 @@ class EngineStream:
             self.sink.on_segment_end(turn, reason)
 
 
+def _error_of(e: Exception, step: str) -> tuple[str, str]:
+    """(code, message) that the streams of a failed prefill or decode step hear. Out of
+    device memory is `busy`, not `internal`: the allocation of this batch failed, the next
+    one may fit, and the engine goes on (gpu_errors.device_lost is false for it)."""
+    if isinstance(e, AudioError):
+        return "bad_audio", str(e)
+    if isinstance(e, torch.OutOfMemoryError):
+        log.warning("%s ran out of device memory: %s", step, e)
+        return "busy", f"the {step} ran out of device memory; try again"
+    if isinstance(e, EngineError):
+        return e.code, e.message
+    log.exception("%s failed", step, exc_info=e)
+    return "internal", f"{step} failed: {e}"
+
+
 def cpu_threads_auto() -> int:
     """Half the cores this process may run on (EngineConfig.cpu_threads), at least one."""
     try:
@@ -348,14 +363,12 @@ class Engine:
 
     def _fail_work(self, work: PrefillWork, e: Exception) -> None:
         handle: EngineStream = work.stream.owner
-        code = "bad_audio" if isinstance(e, AudioError) else getattr(e, "code", "internal")
-        if code == "internal":
-            log.exception("prefill failed", exc_info=e)
+        code, message = _error_of(e, "prefill")
         with self._lock:
             self.sched.prefill_failed(work.stream)
             self._lock.notify_all()
         if not handle.closed:
-            handle.sink.on_error(code, str(e) if code != "internal" else f"prefill failed: {e}")
+            handle.sink.on_error(code, message)
 
     def _reference_codes(self, ref: ReferenceInput) -> torch.Tensor:
         if ref.codes is not None:
@@ -552,10 +565,10 @@ class Engine:
 
     def _fail_decoding(self, streams: list[Stream], e: Exception) -> None:
         """A decode step raised: the streams it held (in the failed step, or in the step
-        in flight with it) hear an `internal` error and lose their turns in progress, as a
-        barge-in would drop them; the loop goes on for everyone else and for their next
-        turns."""
-        log.exception("decode step failed", exc_info=e)
+        in flight with it) hear an `internal` error (`busy` for out of device memory: _error_of)
+        and lose their turns in progress, as a barge-in would drop them; the loop goes on for
+        everyone else and for their next turns."""
+        code, message = _error_of(e, "decode")
         with self._lock:
             for stream in streams:
                 stream.owner.drop_turns()
@@ -567,7 +580,7 @@ class Engine:
         for stream in streams:
             handle = stream.owner
             if not handle.closed:
-                handle.sink.on_error("internal", f"decode failed: {e}")
+                handle.sink.on_error(code, message)
 
     def _read_step(self, handle, batch: list[Stream], segments: list[tuple[int, int]]) -> None:
         self.decode_phases.to("wait")  # for the GPU to finish the step

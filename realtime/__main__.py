@@ -9,7 +9,7 @@ import uvicorn
 
 from engine.bundle import load_bundle
 from engine.engine import Engine
-from realtime.app import build_app, uvicorn_options
+from realtime.app import DrainingServer, build_app, uvicorn_options
 from realtime.config import ServiceConfig, parse_args
 
 # Python's GIL switch interval while serving: the decode thread gives the GIL up at every
@@ -30,8 +30,13 @@ def serve(config: ServiceConfig) -> int:
     print(f"live TTS:   ws://{host}:{config.port}/v1/tts/live", flush=True)
     if config.api_keys:
         print(f"API keys required ({len(config.api_keys)} configured)", flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info", **uvicorn_options(config))
-    return 0
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+                                           **uvicorn_options(config)), app.state.services)
+    try:
+        server.run()  # returns after SIGTERM's drain (exit 0)
+    except KeyboardInterrupt:  # SIGINT, raised again once uvicorn has shut down (as uvicorn.run allows)
+        pass
+    return 0 if server.started else 3  # 3: uvicorn's exit status for a failed start-up
 
 
 def main(argv: list[str] | None = None) -> int:

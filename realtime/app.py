@@ -2,7 +2,7 @@
 
     WS     /v1/tts/live        live TTS (realtime/live.py -> realtime/session.py; messages in realtime/protocol.py)
     POST   /v1/tts             whole request, audio streamed back (msgpack or JSON body)
-    GET    /v1/health          liveness and model info
+    GET    /v1/health          liveness and model info (503 once the engine failed, or while draining)
     GET    /metrics            Prometheus text
     GET    /v1/voices          stored voices
     POST   /v1/voices          store a voice: {name, id?, references: [{audio, text}]}
@@ -12,14 +12,17 @@
 
 The endpoints (realtime/http_api.py, realtime/live.py) are plain module functions; what
 they share (config, engine, metrics, stored voices) is one `Services` on `app.state.services`.
+`DrainingServer` runs it: on SIGTERM the service drains (Services.drain) before uvicorn stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import signal
 from contextlib import asynccontextmanager
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
 
@@ -80,6 +83,46 @@ async def lifespan(app: Starlette):
             sampler.stop()
         await asyncio.get_running_loop().run_in_executor(None, svc.engine.stop)
         gc.unfreeze()  # back in the collector's sight: an in-process server (tests) frees them
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, with SIGTERM draining the service first (Services.drain): uvicorn's
+    own shutdown closes every WebSocket at once (1012), losing the turns in flight. While
+    the drain runs, the listener stays open (new connections hear 503 `draining`, and
+    health says so); then uvicorn's shutdown runs as usual, HTTP responses in flight
+    getting what is left of --drain-timeout, and the process exits 0. A second SIGTERM, or
+    SIGINT, stops at once as uvicorn does."""
+
+    def __init__(self, config: uvicorn.Config, services: Services) -> None:
+        super().__init__(config)
+        self.services = services
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_asked = False
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # a signal handler: it only schedules the drain on the loop
+        if sig != signal.SIGTERM or self._drain_asked or self._loop is None or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        self._drain_asked = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self.drain())  # (kept: a task nobody holds may be collected)
+
+    async def drain(self) -> None:
+        """Drain, then let uvicorn shut down (also callable without a signal)."""
+        self._drain_asked = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.services.config.drain_timeout_s
+        await self.services.drain()
+        self.config.timeout_graceful_shutdown = max(1.0, deadline - loop.time())  # read by uvicorn's shutdown
+        self.should_exit = True
 
 
 def uvicorn_options(config: ServiceConfig) -> dict:

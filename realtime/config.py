@@ -42,6 +42,8 @@ class ServiceConfig:
     max_pending_audio_bytes: int = 32 << 20  # unsent audio per connection or HTTP response (slow readers)
     demo_page: bool = True
     debug_stalls: bool = False  # log GC pauses and thread stacks during event-loop stalls
+    # SIGTERM: turns in flight get this long to finish before they are cut (Services.drain)
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -52,6 +54,8 @@ class ServiceConfig:
             raise ValueError("max_connections must be at least 1 and max_voices at least 0")
         if self.unknown_voice not in UNKNOWN_VOICE:
             raise ValueError(f"unknown_voice must be one of {', '.join(UNKNOWN_VOICE)}")
+        if self.drain_timeout_s < 0:
+            raise ValueError("drain_timeout_s must not be negative")
 
 
 # --limit NAME=VALUE: what a client may send, and how many stored voices (README, "Limits")
@@ -100,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds before an idle connection is closed")
     p.add_argument("--start-timeout", type=float, default=30.0,
                    help="seconds a new connection may take to send its start message")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds the turns in flight get to finish before the service exits")
     p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
                    help=f"a client limit (repeatable): {', '.join(LIMITS)} (defaults in the README)")
     p.add_argument("--no-demo", action="store_true", help="do not serve the browser demo at /")
@@ -172,5 +178,5 @@ def _service_config(a: argparse.Namespace, keys: set[str], bench) -> ServiceConf
         host=a.host, port=a.port, model=a.model, device=a.device, quant=a.quant, engine=engine, limits=limits,
         api_keys=frozenset(keys), voices_dir=Path(a.voices_dir), unknown_voice=a.unknown_voice, idle_timeout_s=a.idle_timeout,
         start_timeout_s=a.start_timeout, max_connections=a.max_connections, demo_page=not a.no_demo,
-        debug_stalls="stalls" in a.debug, **service,
+        debug_stalls="stalls" in a.debug, drain_timeout_s=a.drain_timeout, **service,
     )

@@ -1,6 +1,8 @@
 """The one error body of every HTTP response and refused WebSocket handshake:
-`{"error": code, "message": why}` with the status that code maps to; and the server's log
-of every refusal (these, and a live session's `error` event), rate-limited per code."""
+`{"error": code, "message": why}` with the status that code maps to (a refusal for want of
+capacity, `busy`, has the hosted Fish API's shape instead, plus ours: busy_response); and
+the server's log of every refusal (these, and a live session's `error` event),
+rate-limited per code."""
 
 from __future__ import annotations
 
@@ -56,6 +58,14 @@ def log_refusal(code: str, message: str) -> None:
     """Every request refused with an error (HTTP, a WebSocket handshake, a live session's
     `error` event) is logged here, with its code and reason."""
     _refusals.refused(code, message)
+# the hosted Fish API's answer past a concurrency limit: {"error": FISH_BUSY, "max_concurrency": N}
+FISH_BUSY = "Concurrency limit exceeded"
+
+
+def concurrency_fields(limit: int) -> dict:
+    """What a Fish client looks for in a refusal for want of capacity (a `busy` error event
+    carries it too)."""
+    return {"error": FISH_BUSY, "max_concurrency": limit}
 
 
 def error_json(error: str, message: str, status: int) -> JSONResponse:
@@ -67,6 +77,21 @@ def error_response(code: P.ErrorCode, message: str, metrics: Metrics | None = No
     if metrics is not None:
         metrics.errors[code.value] += 1
     return error_json(code.value, message, HTTP_STATUS[code])
+
+
+def busy_response(message: str, limit: int, metrics: Metrics | None = None) -> JSONResponse:
+    """503 with the Fish body, our code as `code` and why as `message` (503, not Fish's 429:
+    this replica is full, so a load balancer or client should try another)."""
+    if metrics is not None:
+        metrics.errors[P.ErrorCode.BUSY.value] += 1
+    body = {**concurrency_fields(limit), "code": P.ErrorCode.BUSY.value, "message": message}
+    return JSONResponse(body, status_code=HTTP_STATUS[P.ErrorCode.BUSY])
+
+
+def draining_response() -> JSONResponse:
+    """New work while the service drains (SIGTERM, Services.drain): 503, so that a client or
+    load balancer tries another replica."""
+    return error_json("draining", "the server is shutting down: connect to another replica or try again", 503)
 
 
 def unauthorized_response() -> JSONResponse:

@@ -5,6 +5,7 @@ Shared objects reach them through `request.app.state.services` (realtime/app.py)
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 
 import msgpack
@@ -15,10 +16,10 @@ from engine.voice import ReferenceInput
 from realtime import protocol as P
 from realtime.audio_out import finalize_wav
 from realtime.auth import authorized
-from realtime.errors import error_response, unauthorized_response
+from realtime.errors import busy_response, draining_response, error_json, error_response, unauthorized_response
 from realtime.oneshot import synthesize
 from realtime.services import Services
-from realtime.voices import VoiceStoreError, VoiceStoreFull
+from realtime.voices import VoiceStoreError, VoiceStoreFull, VoiceStoreUnwritable
 
 MEDIA_TYPES = {"mp3": "audio/mpeg", "wav": "audio/wav", "opus": "audio/ogg", "pcm": "audio/L16"}
 
@@ -36,6 +37,8 @@ async def tts(request: Request) -> Response:
     svc.metrics.http_requests += 1
     if not _authorized(request):
         return unauthorized_response()
+    if svc.draining:
+        return draining_response()
     try:
         data, is_json = await _read_body(request, svc.config.limits)
         req = P.parse_request(data, svc.config.limits, is_json)
@@ -45,6 +48,8 @@ async def tts(request: Request) -> Response:
     try:
         first = await chunks.__anext__()
     except P.ProtocolError as e:
+        if e.code is P.ErrorCode.BUSY:
+            return busy_response(e.message, svc.engine.config.max_streams, svc.metrics)
         return error_response(e.code, e.message, svc.metrics)
     except StopAsyncIteration:
         first = b""
@@ -65,18 +70,20 @@ async def tts(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    engine = _services(request).engine
+    svc = _services(request)
+    engine = svc.engine
     b = engine.bundle
     failed = engine.failure is not None  # a worker thread stopped: 503, so a supervisor restarts it
+    status = "error" if failed else "draining" if svc.draining else "ok"  # draining: SIGTERM, Services.drain
     stats = engine.stats()
     return JSONResponse({
-        "status": "error" if failed else "ok", **({"error": engine.failure} if failed else {}),
+        "status": status, **({"error": engine.failure} if failed else {}),
         "model": b.name, "device": str(b.device), "dtype": str(b.dtype).replace("torch.", ""),
         "sample_rate": engine.sample_rate, "max_running": stats["decode_max_batch"], "max_streams": stats["max_streams"],
         "streams": {k[8:]: v for k, v in stats.items() if k.startswith("streams_")},
         # the KV page pool: pages of `page_size` positions, `page_bytes` each
         "kv_pages": {k[3:]: v for k, v in stats.items() if k.startswith("kv_")},
-    }, status_code=503 if failed else 200)
+    }, status_code=200 if status == "ok" else 503)
 
 
 async def metrics(request: Request) -> Response:
@@ -106,6 +113,8 @@ async def create_voice(request: Request) -> Response:
         return error_response(P.ErrorCode.INVALID_FIELD, str(e), svc.metrics)
     except VoiceStoreFull as e:
         return error_response(P.ErrorCode.TOO_LARGE, str(e), svc.metrics)
+    except VoiceStoreUnwritable as e:
+        return storage_error(e)
     except ValueError as e:  # AudioError: undecodable, empty or too long reference audio
         return error_response(P.ErrorCode.BAD_AUDIO, str(e), svc.metrics)
     return JSONResponse(voice.summary(), status_code=201)
@@ -134,12 +143,23 @@ async def voice(request: Request) -> Response:
         return unauthorized_response()
     voice_id = request.path_params["voice_id"]
     if request.method == "DELETE":
-        return Response(status_code=204) if svc.voices.delete(voice_id) else error_response(
+        try:
+            deleted = svc.voices.delete(voice_id)
+        except VoiceStoreUnwritable as e:
+            return storage_error(e)
+        return Response(status_code=204) if deleted else error_response(
             P.ErrorCode.UNKNOWN_VOICE, f"no stored voice with id {voice_id!r}")
     stored = svc.voices.get(voice_id)
     if stored is None:
         return error_response(P.ErrorCode.UNKNOWN_VOICE, f"no stored voice with id {voice_id!r}")
     return JSONResponse(stored.summary())
+
+
+def storage_error(e: VoiceStoreUnwritable) -> Response:
+    """The voices folder could not be written: 507 (Insufficient Storage) for a full disk or
+    quota, 500 otherwise (read-only, permissions); the store is unchanged."""
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return error_json("storage", str(e), 507 if full else 500)
 
 
 async def _read_body(request: Request, limits: P.Limits) -> tuple[object, bool]:

@@ -8,9 +8,8 @@ from __future__ import annotations
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 
-from realtime import protocol as P
 from realtime.auth import authorized
-from realtime.errors import error_json, unauthorized_response
+from realtime.errors import busy_response, draining_response, error_json, unauthorized_response
 from realtime.services import Services
 from realtime.session import LiveSession
 
@@ -22,17 +21,21 @@ async def live(ws: WebSocket) -> None:
         m.errors["unauthorized"] += 1
         await _deny(ws, unauthorized_response())
         return
+    if svc.draining:
+        await _deny(ws, draining_response())
+        return
     if m.sessions_active >= limit:
-        m.errors[P.ErrorCode.BUSY.value] += 1
-        await _deny(ws, error_json(P.ErrorCode.BUSY.value, f"server busy: {limit} connections "
-                                   "are open (--max-connections)", 503))
+        await _deny(ws, busy_response(f"server busy: {limit} connections are open (--max-connections)", limit, m))
         return
     m.sessions_active += 1  # counted before the first await: no two handshakes take the last place
     m.sessions_total += 1
+    session = LiveSession(ws, svc)
     try:
         await ws.accept()
-        await LiveSession(ws, svc).run()
+        svc.admit(session)
+        await session.run()
     finally:
+        svc.forget(session)
         m.sessions_active -= 1
 
 

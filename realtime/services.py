@@ -1,11 +1,14 @@
 """What every request handler needs: the engine, the config, metrics, stored voices,
-and the mapping of a Fish `TTSRequest` onto engine settings."""
+the live sessions and the drain that ends them, and the mapping of a Fish `TTSRequest`
+onto engine settings."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.engine import Engine, StreamParams
 from engine.sampling import SamplingParams
@@ -16,6 +19,18 @@ from realtime.mailbox import LoopMailbox
 from realtime.metrics import Metrics
 from realtime.voices import VoiceStore
 
+log = logging.getLogger("realtime.drain")
+
+# after the drain's cut, how long the cut sessions get to send their last events and close
+CUT_GRACE_S = 5.0
+
+
+class Drainable(Protocol):
+    """What the drain asks of a live session (realtime/session.py, LiveSession)."""
+
+    def drain(self) -> None: ...  # finish the turns in flight, then `finish`
+    def cut(self, message: str) -> None: ...  # error + finish now
+
 
 @dataclass
 class Services:
@@ -24,6 +39,10 @@ class Services:
     metrics: Metrics
     voices: VoiceStore
     _mailbox: LoopMailbox | None = field(default=None, init=False, repr=False)
+    sessions: set[Drainable] = field(default_factory=set, init=False, repr=False)  # accepted, not yet ended
+    # set once, by drain(): health says so (503), new connections and requests are refused
+    draining: bool = field(default=False, init=False)
+    _no_sessions: asyncio.Event | None = field(default=None, init=False, repr=False)
 
     def mailbox(self) -> LoopMailbox:
         """The running loop's mailbox for engine events (one per loop, shared by sessions)."""
@@ -31,6 +50,44 @@ class Services:
         if self._mailbox is None or self._mailbox.loop is not loop:
             self._mailbox = LoopMailbox(loop)
         return self._mailbox
+
+    def admit(self, session: Drainable) -> None:
+        self.sessions.add(session)
+        if self.draining:  # accepted while the drain began: it drains too
+            session.drain()
+
+    def forget(self, session: Drainable) -> None:
+        self.sessions.discard(session)
+        if not self.sessions and self._no_sessions is not None:
+            self._no_sessions.set()
+
+    async def drain(self) -> None:
+        """Stop taking new work and let the work in flight end (SIGTERM: realtime/app.py).
+        From now on /v1/health answers 503 `draining` and new connections and requests are
+        refused; each live session finishes its turns in flight, then `finish` (session.py,
+        LiveSession.drain). Sessions still going after config.drain_timeout_s are cut (error
+        + finish). Returns when every session has ended, or CUT_GRACE_S after the cut."""
+        self.draining = True
+        timeout = self.config.drain_timeout_s
+        log.info("draining: %d live sessions, up to %g s", len(self.sessions), timeout)
+        for session in list(self.sessions):
+            session.drain()
+        if await self._sessions_end(timeout):
+            return
+        log.warning("drain: %d sessions still speaking after %g s are cut", len(self.sessions), timeout)
+        for session in list(self.sessions):
+            session.cut(f"the server is shutting down: this turn did not finish within the drain timeout ({timeout:g} s)")
+        await self._sessions_end(CUT_GRACE_S)
+
+    async def _sessions_end(self, timeout: float) -> bool:
+        if not self.sessions:
+            return True
+        self._no_sessions = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._no_sessions.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     def resolve_voice(self, req: P.TTSRequest) -> VoiceInput:
         if req.reference_id:

@@ -26,11 +26,14 @@ from engine.engine import EngineFailed, Refused
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
 from realtime.errors import log_refusal
+from realtime.errors import concurrency_fields
 from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
 
 log = logging.getLogger("realtime.session")
+
+DRAINING = "the server is shutting down"
 
 
 class State(Enum):
@@ -93,6 +96,8 @@ class LiveSession:
         self._out_bytes = 0
         self._closing = False
         self._done = asyncio.Event()
+        self._draining = False  # the service drains (LiveSession.drain)
+        self._close_code = 1000
 
     # --- connection ------------------------------------------------------------------------
 
@@ -142,7 +147,9 @@ class LiveSession:
         if self.state is State.AWAITING_START:
             return self.svc.config.start_timeout_s
         if self.state is State.PREPARING:
-            return self.svc.config.ready_timeout_s
+            # the wait that begins now outlasts the prefill: after `ready` it is the idle
+            # wait, so no longer than that (a silent client was kept ready_timeout_s more)
+            return min(self.svc.config.ready_timeout_s, self.svc.config.idle_timeout_s)
         return self.svc.config.idle_timeout_s
 
     def _busy(self) -> bool:
@@ -157,7 +164,7 @@ class LiveSession:
                 self._closing = True
                 break
         try:
-            await self.ws.close(code=1000)
+            await self.ws.close(code=self._close_code)
         except Exception:
             pass
         self._release_engine()
@@ -188,7 +195,10 @@ class LiveSession:
         if slow_reader:
             while not self._out.empty():
                 self._out_bytes -= len(self._out.get_nowait())
-        for event in (P.error_event(code, message), P.finish_event("error", message)):
+        error = P.error_event(code, message)
+        if code is P.ErrorCode.BUSY and not self._draining:  # no capacity: the hosted Fish API's fields too
+            error |= concurrency_fields(self.svc.engine.config.max_streams)
+        for event in (error, P.finish_event("error", message)):
             self._enqueue(P.pack(event))
         self._finish()
 
@@ -197,6 +207,29 @@ class LiveSession:
         self._closing = True
         self._release_engine()
         self._out.put_nowait(None)
+
+    def drain(self) -> None:
+        """The service shuts down (Services.drain): the turns in flight (text handed over,
+        or received and waiting for its flush) are spoken to their end, then `finish {stop}`
+        and a close with 1001 (going away); a connection with nothing in flight finishes at
+        once. One that has not sent `start` gets `busy`: its request was never taken."""
+        self._draining = True
+        self._close_code = 1001
+        if self.state is State.AWAITING_START:
+            self._fail(P.ErrorCode.BUSY, f"{DRAINING}: connect to another replica or try again")
+        else:
+            self._maybe_finish_drained()
+
+    def cut(self, message: str) -> None:
+        """The drain's time is up: error {busy} + finish {error}, whatever is in flight."""
+        self._fail(P.ErrorCode.BUSY, message)
+
+    def _maybe_finish_drained(self) -> None:
+        if not self._draining or self._closing or self.state not in (State.PREPARING, State.READY):
+            return
+        if self.segmenter.buffered_chars == 0 and self._all_done():
+            self.state = State.STOPPING  # as if the client sent `stop`: the encoder's tail, then finish
+            self._maybe_finish()
 
     def _release_engine(self) -> None:
         if self.handle is not None:
@@ -223,6 +256,7 @@ class LiveSession:
             self._maybe_finish()
         elif isinstance(event, P.Cancel):
             self._cancel()
+        self._maybe_finish_drained()  # a flush of nothing, or a cancel, may leave nothing in flight
 
     def _start(self, req: P.TTSRequest) -> None:
         if self.state is not State.AWAITING_START:
@@ -331,6 +365,7 @@ class LiveSession:
             self.pending_chars -= self._segment_chars.popleft() if self._segment_chars else 0
             self._maybe_end_turn(turn)
         self._maybe_finish()
+        self._maybe_finish_drained()
 
     def on_engine_error(self, code: str, message: str) -> None:
         try:
@@ -358,5 +393,5 @@ class LiveSession:
         tail = self.encoder.flush()
         if tail:
             self._send_audio(tail, self.turn - 1, tail=True)
-        self._send(P.finish_event("stop"))
+        self._send(P.finish_event("stop", DRAINING if self._draining else None))
         self._finish()

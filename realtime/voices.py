@@ -4,7 +4,10 @@
     <voices_dir>/<id>/ref<i>.npy   the codec codes of reference i, int16 [C, frames]
 
 A voice is encoded once, when it is created; connections naming it (`reference_id`) get
-its codes without touching the reference audio again.
+its codes without touching the reference audio again. A voice is written into a hidden
+folder and renamed into place, so it appears whole or not at all; a store that cannot be
+written (disk full, read-only) refuses the voice and keeps nothing of it. At start-up, a
+stored voice that cannot be read is logged and skipped: the others still load.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ MAX_UNKNOWN_IDS = 10_000
 
 log = logging.getLogger("realtime.voices")
 
+log = logging.getLogger("realtime.voices")
+
 
 class VoiceStoreFull(Exception):
     """The store holds its most voices (ServiceConfig.max_voices)."""
@@ -38,6 +43,14 @@ class VoiceStoreFull(Exception):
 
 class VoiceStoreError(ValueError):
     pass
+
+
+class VoiceStoreUnwritable(Exception):
+    """The voices folder could not be written (errno: ENOSPC for a full disk, EROFS, EACCES...)."""
+
+    def __init__(self, action: str, e: OSError) -> None:
+        super().__init__(f"the voice store could not {action} ({e.strerror or e})")
+        self.errno = e.errno
 
 
 @dataclass(slots=True)
@@ -67,12 +80,15 @@ class VoiceStore:
         self._voices: dict[str, StoredVoice] = {}
         self._unknown: set[str] = set()  # reference_ids warned about (warn_unknown)
         for folder in sorted(self.root.iterdir()):
-            if (folder / "voice.json").exists():
-                try:
-                    voice = self._read(folder)
-                    self._voices[voice.id] = voice
-                except (OSError, ValueError, KeyError) as e:
-                    raise VoiceStoreError(f"{folder}: unreadable stored voice ({e})") from e
+            # hidden: one being written or deleted when the process stopped
+            if folder.name.startswith(".") or not (folder / "voice.json").exists():
+                continue
+            try:
+                voice = self._read(folder)
+            except (OSError, ValueError, KeyError, TypeError) as e:  # one bad voice must not stop the service
+                log.error("stored voice %s is unreadable and skipped: %s: %s", folder, type(e).__name__, e)
+                continue
+            self._voices[voice.id] = voice
 
     def _read(self, folder: Path) -> StoredVoice:
         meta = json.loads((folder / "voice.json").read_text())
@@ -80,6 +96,11 @@ class VoiceStore:
             (r["text"], torch.from_numpy(np.load(folder / f"ref{i}.npy").astype(np.int64)))
             for i, r in enumerate(meta["references"])
         ]
+        if meta["id"] != folder.name or not refs:
+            raise ValueError(f"voice.json names id {meta['id']!r} and {len(refs)} references")
+        for _, codes in refs:
+            if codes.ndim != 2 or codes.shape[0] != self.num_codebooks:
+                raise ValueError(f"codes of shape {tuple(codes.shape)}, not [{self.num_codebooks}, frames]")
         return StoredVoice(meta["id"], meta["name"], meta["created"], refs)
 
     def list(self) -> list[dict]:
@@ -121,15 +142,30 @@ class VoiceStore:
     def _write(self, voice: StoredVoice) -> None:
         tmp = self.root / f".{voice.id}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        for i, (_, codes) in enumerate(voice.references):
-            np.save(tmp / f"ref{i}.npy", codes.numpy().astype(np.int16))
-        (tmp / "voice.json").write_text(json.dumps(voice.summary(), ensure_ascii=False, indent=1))
-        tmp.rename(self.root / voice.id)  # appears whole or not at all
+        try:
+            tmp.mkdir()
+            for i, (_, codes) in enumerate(voice.references):
+                np.save(tmp / f"ref{i}.npy", codes.numpy().astype(np.int16))
+            (tmp / "voice.json").write_text(json.dumps(voice.summary(), ensure_ascii=False, indent=1))
+            tmp.rename(self.root / voice.id)  # appears whole or not at all
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # what was written of it (if the store lets us)
+            log.error("storing voice %s in %s failed: %s", voice.id, self.root, e)
+            raise VoiceStoreUnwritable("store the voice", e) from e
 
     def delete(self, voice_id: str) -> bool:
         with self._lock:
-            if self._voices.pop(voice_id, None) is None:
+            if voice_id not in self._voices:
                 return False
-            shutil.rmtree(self.root / voice_id, ignore_errors=True)
+            gone = self.root / f".{voice_id}.deleted"
+            shutil.rmtree(gone, ignore_errors=True)  # left by a delete the process did not finish
+            try:  # renamed out of sight first: a failed delete leaves the voice whole, not half removed
+                (self.root / voice_id).rename(gone)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.error("deleting voice %s in %s failed: %s", voice_id, self.root, e)
+                raise VoiceStoreUnwritable("delete the voice", e) from e
+            del self._voices[voice_id]
+            shutil.rmtree(gone, ignore_errors=True)
             return True

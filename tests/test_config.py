@@ -1,5 +1,5 @@
 """The service's command line: settings a user tunes (at most 28 options: the 24 of issue 48,
-the KV pool's two and --unknown-voice of issue 50), the client
+the KV pool's two, --unknown-voice and --drain-timeout of issue 50), the client
 limits through --limit NAME=VALUE, and the benchmark baselines only through
 `python -m latency_bench.server`."""
 
