@@ -12,6 +12,8 @@ adds ~0.05 ms. flush() costs 0.2-3 ms (mp3 most: LAME's tail plus a new codec co
 
 The concatenation of every `encode()` result and the final `flush()` is one valid file.
 After `flush()` the encoder starts a new, independent file on the next `encode()`.
+`AudioEncoder` returns nothing until it has more than 1,024 bytes (MIN_CHUNK_BYTES); only
+`drain()` and `flush()`, a turn's end, may return less.
 
 `OpusPacketEncoder` gives the same Opus audio as raw 20 ms packets (no Ogg) for the browser
 demo, which decodes them with WebCodecs `AudioDecoder` at 48 kHz.
@@ -32,6 +34,10 @@ from realtime.protocol import FORMATS, MP3_BITRATES, OPUS_BITRATES, SAMPLE_RATES
 OPUS_RATE = 48_000
 OPUS_FRAME = 960  # samples of one 20 ms packet at 48 kHz
 OPUS_AUTO = -1000  # OPUS_AUTO: libopus picks the bitrate
+# Pipecat's Fish client (pipecat-ai 1.12 and older) drops audio messages of 1,024 bytes or
+# less. What a turn's first audio waits for, in 46 ms engine frames, measured at the default
+# rates: pcm/wav 0, mp3 (128 kbps) 1 more, opus (32 kbps) 4 more; pcm at 8 kHz 1 more
+MIN_CHUNK_BYTES = 1025
 STREAMING_SIZE = 0xFFFFFFFF  # RIFF/data size of a WAV whose length is unknown while streaming
 SPEED_RANGE = (0.5, 2.0)
 VOLUME_RANGE_DB = (-20.0, 20.0)
@@ -103,23 +109,34 @@ class _Encoder:
 class AudioEncoder(_Encoder):
     """float32 mono chunks -> bytes of one pcm | wav | opus (Ogg) | mp3 file, streamed.
 
-    `encode()` may return b"" while a codec buffers (mp3, opus); `flush()` returns the rest.
-    Bitrates are in kbps (opus: -1000 = automatic); speed changes tempo, not pitch;
-    volume_db is a gain with clipping to [-1, 1].
+    `encode()` returns b"" while a codec buffers (mp3, opus) and until more than 1,024 bytes
+    are there (MIN_CHUNK_BYTES); `drain()` and `flush()` return the rest. Bitrates are in kbps
+    (opus: -1000 = automatic); speed changes tempo, not pitch; volume_db is a gain with
+    clipping to [-1, 1].
     """
 
     def __init__(self, fmt: str, output_rate: int, input_rate: int = 44100, mp3_bitrate: int = 128,
                  opus_bitrate: int = 32, speed: float = 1.0, volume_db: float = 0.0) -> None:
+        self._held = b""  # output not returned yet: fewer than MIN_CHUNK_BYTES
         super().__init__(fmt, output_rate, input_rate, mp3_bitrate, opus_bitrate, speed, volume_db)
 
     def encode(self, pcm: np.ndarray) -> bytes:
-        return super().encode(pcm)
+        out = self._held + super().encode(pcm)
+        if len(out) < MIN_CHUNK_BYTES:
+            self._held = out
+            return b""
+        self._held = b""
+        return out
 
     def drain(self) -> bytes:
-        return super().drain()
+        return self._release(super().drain())  # may run encode(): it returns or holds first
 
     def flush(self) -> bytes:
-        return super().flush()
+        return self._release(super().flush())
+
+    def _release(self, tail: bytes) -> bytes:
+        out, self._held = self._held + tail, b""
+        return out
 
     def _new_sink(self):
         if self.format == "pcm":

@@ -12,7 +12,7 @@ import numpy as np
 import opuslib
 import pytest
 
-from realtime.audio_out import AudioEncoder, OpusPacketEncoder, finalize_wav
+from realtime.audio_out import MIN_CHUNK_BYTES, AudioEncoder, OpusPacketEncoder, finalize_wav
 
 RATE = 44_100  # the codec rate the engine produces
 SECONDS = 1.5
@@ -239,12 +239,16 @@ def test_ogg_pages_are_well_formed():
             assert out[:4] == b"OggS"
 
 
-def test_opus_page_is_sent_as_soon_as_a_packet_exists():
-    enc = AudioEncoder("opus", 48000)
-    first = enc.encode(X[:2048])  # 46 ms of input: at least one 20 ms packet
-    pages = parse_pages(first)
+def test_opus_pages_go_out_as_soon_as_they_pass_a_kilobyte():
+    enc = AudioEncoder("opus", 48000)  # 32 kbps: ~170 bytes an engine frame
+    outs = [enc.encode(X[i:i + 2048]) for i in range(0, 8 * 2048, 2048)]  # 46 ms each
+    first = next(i for i, out in enumerate(outs) if out)
+    pages = parse_pages(outs[first])
     assert [p["packets"][0][:8] for p in pages[:2]] == [b"OpusHead", b"OpusTags"]
-    assert len(pages) == 3 and len(pages[2]["packets"]) >= 1
+    # one audio page a call, each with a packet; held only until the bytes pass 1,024
+    assert len(pages) == 2 + first + 1 and all(p["packets"] for p in pages[2:])
+    last_page = 27 + sum(len(p) // 255 + 1 + len(p) for p in pages[-1]["packets"])
+    assert len(outs[first]) - last_page < MIN_CHUNK_BYTES <= len(outs[first])
 
 
 @pytest.mark.parametrize("kbps", [24, 64, -1000])
@@ -342,3 +346,22 @@ def test_drain_delivers_a_whole_turn_and_keeps_one_file(fmt, rate):
     # a bare mp3 stream keeps LAME's delay and the last frame's padding (see _Mp3Sink)
     tolerance = (1105 + 2 * 1152) / rate if fmt == "mp3" else 0.06
     assert abs(len(pcm) / stream.rate - enc.samples_out / rate) < tolerance
+
+
+@pytest.mark.parametrize("fmt, rate, kbps", [
+    ("pcm", 8000, 0), ("pcm", 44100, 0), ("wav", 8000, 0), ("mp3", 16000, 64), ("mp3", 44100, 128),
+    ("mp3", 48000, 64), ("opus", 48000, 24), ("opus", 48000, -1000),
+])
+def test_only_a_turns_end_returns_a_kilobyte_or_less(fmt, rate, kbps):
+    """Pipecat's Fish client (up to pipecat-ai 1.12) drops audio messages of 1,024 bytes or
+    less: every encode() output is empty or larger; drain() and flush() return the rest."""
+    bitrate = {"mp3_bitrate": kbps} if fmt == "mp3" else {"opus_bitrate": kbps} if fmt == "opus" else {}
+    enc = AudioEncoder(fmt, rate, **bitrate)
+    frames = [X[i:i + 2048] for i in range(0, 16 * 2048, 2048)]  # the engine's 2048-sample frames
+    outs = []
+    for turn in (frames, frames[:3], frames[:1]):  # long, short and one-frame turns
+        outs += [enc.encode(x) for x in turn]
+        enc.drain()
+    enc.flush()
+    assert all(len(out) == 0 or len(out) >= MIN_CHUNK_BYTES for out in outs)
+    assert any(outs)
