@@ -25,8 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engine.engine import EngineFailed, Refused
 from realtime import protocol as P
 from realtime.audio_out import AudioEncoder
-from realtime.errors import log_refusal
-from realtime.errors import concurrency_fields
+from realtime.errors import concurrency_fields, log_refusal
 from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
