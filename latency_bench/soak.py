@@ -111,19 +111,26 @@ def process_view(pid: int | None) -> dict:
 
 def device_memory(metrics: str, pid: int | None) -> int | None:
     """Device bytes the service holds: a /metrics gauge if it exports one, else what
-    nvidia-smi reports for its process; None without either (a CPU run)."""
+    nvidia-smi reports for its process, else for the whole GPU (in a container nvidia-smi
+    may list the host's pids; a soak has the machine to itself); None on a CPU."""
     for line in metrics.splitlines():
         if re.match(r"^\w*(device|cuda|gpu)_memory\w*_bytes ", line):
             return int(float(line.split()[1]))
     if pid is None or not shutil.which("nvidia-smi"):
         return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    used = [int(mib) for p, _, mib in (row.partition(",") for row in out.splitlines()) if p.strip() == str(pid)]
+    apps = _nvidia_smi("--query-compute-apps=pid,used_memory")
+    used = [int(mib) for p, _, mib in (row.partition(",") for row in apps.splitlines()) if p.strip() == str(pid)]
+    if not used:
+        used = [int(mib) for mib in _nvidia_smi("--query-gpu=memory.used").split() if mib.isdigit()]
     return sum(used) * 2**20 if used else None
+
+
+def _nvidia_smi(query: str) -> str:
+    try:
+        return subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def server_view(http: str, pid: int | None) -> dict:
