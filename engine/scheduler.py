@@ -431,6 +431,7 @@ class Scheduler:
             stream.phase = Phase.IDLE
             self._trim(stream)
             self._try_release(stream)
+            self._schedule_segment(stream)  # text said after the cancel: nothing else would start it
             return False
         stream.phase = Phase.DECODING
         self.decoding[stream.id] = stream

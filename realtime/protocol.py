@@ -283,7 +283,8 @@ def parse_request(d: Any, limits: Limits, json_body: bool = False) -> TTSRequest
         features=_features(d),
         top_p=_float(d, "top_p", 0.7, 0.0, 1.0),
         temperature=_float(d, "temperature", 0.7, 0.0, 2.0),
-        max_new_tokens=_int(d, "max_new_tokens", 1024, 1, limits.max_new_tokens),
+        # the SDK default, within the operator's limit (omitting the field must not pass it)
+        max_new_tokens=_int(d, "max_new_tokens", min(1024, limits.max_new_tokens), 1, limits.max_new_tokens),
         repetition_penalty=_float(d, "repetition_penalty", 1.2, 0.5, 2.0),
         min_chunk_length=_int(d, "min_chunk_length", 50, 0, 300),
         condition_on_previous_chunks=_bool(d, "condition_on_previous_chunks", True),

@@ -32,6 +32,10 @@
 #   bash scripts/gpu_check.sh idle      # idle connections held ready with the reference voice cached, a
 #                                       # sample of 16 speaking a turn: IDLE_LEVELS (500,1000,2000), up
 #                                       # to the first that fails (IDLE_S: 560 s limit), QUANT
+#   bash scripts/gpu_check.sh soak      # mixed traffic for SOAK_DURATION s (360): SOAK_CLIENTS (32) live
+#                                       # clients speak, cancel and abandon turns, voices stored and deleted,
+#                                       # one-shot HTTP; RSS, fds, threads, GPU memory must not grow (SOAK_S:
+#                                       # 560 s limit), QUANT
 #   bash scripts/gpu_check.sh kernels   # the kernel table: FP8 GEMMs and MLP block vs cuBLAS, GEMV,
 #                                       # decode attention, sampling, q/k/v + RoPE, fast attention (limits: 570 s in all)
 #       KERNELS: a subset of "fp8 gemv attention sample qk_rope fast_attention"
@@ -200,6 +204,22 @@ part_idle() {
     return 0
 }
 
+part_soak() {
+    need_service_packages
+    # 360 s of traffic leaves the 560 s limit room for a cold s2-pro start (~60-150 s) and
+    # the two rests (latency_bench/soak.py)
+    local work=/tmp/gpu_check/soak
+    rm -rf "$work"; mkdir -p "$work"
+    timeout "${SOAK_S:-560}" python3 -m latency_bench.soak --model "$MODEL" --device "$DEVICE" \
+        --duration "${SOAK_DURATION:-360}" --clients "${SOAK_CLIENTS:-32}" --fixed-frames \
+        --server-arg=--quant="$QUANT" --out "$work" > "$out/soak.log" 2>&1
+    grep -E "started in|^\[soak\]|Error|error:" "$out/soak.log" | tail -n 10
+    sed -n '/^== soak/,/^soak:/p' "$out/soak.log"
+    cp "$work/results.json" "$out/soak.json" 2>/dev/null || echo "soak: no results (cut at ${SOAK_S:-560} s?)"
+    cp "$work/server.log" "$out/soak-server.log" 2>/dev/null
+    return 0
+}
+
 part_kernels() {
     # each benchmark times its kernel against the PyTorch/cuBLAS path it replaces, same run
     local k
@@ -227,7 +247,7 @@ part_profile() {
 }
 
 case "$part" in
-    tests|engine|load|capacity|conversations|idle|kernels|profile) "part_$part" ;;
+    tests|engine|load|capacity|conversations|idle|soak|kernels|profile) "part_$part" ;;
     all) for p in tests engine kernels profile load capacity; do echo "=== $p"; "part_$p"; done ;;
-    *) echo "unknown part $part (tests, engine, load, capacity, conversations, idle, kernels, profile, all)"; exit 2 ;;
+    *) echo "unknown part $part (tests, engine, load, capacity, conversations, idle, soak, kernels, profile, all)"; exit 2 ;;
 esac

@@ -197,6 +197,22 @@ def test_cancel_while_the_segment_prefills():
     assert st.phase is Phase.IDLE and st.position == 100 and not s.decode_batch()
 
 
+def test_text_said_after_a_cancel_that_lands_during_the_prefill_is_spoken():
+    """Found by tests/test_fuzz_protocol.py: the next turn's segment sat in the stream's
+    queue for ever (a `stop` after it never finished)."""
+    s = Scheduler(max_running=2, max_queued=0, max_len=4096)
+    st = s.open("x", 10)
+    s.next_prefill()
+    s.voice_done(st, 100)
+    s.say(st, Segment(1, "Hello."))
+    work = s.next_prefill()
+    s.cancel(st)
+    s.say(st, Segment(2, "Still here?"))
+    assert s.segment_done(st, work, 10) is False
+    work = s.next_prefill()
+    assert work.segment.turn == 2 and work.start == 100
+
+
 def _second_frame_pending(budget: int = 10):
     """A stream whose segment's first frame was read, the prefill thread still stepping
     it for its second: (scheduler, stream, the segment's prefill work)."""
