@@ -50,6 +50,8 @@ def plan_kv(config: EngineConfig, model: ModelConfig, device: torch.device, dtyp
         pages = config.kv_cache_bytes // page_bytes
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
+        # blocks torch's caching allocator holds but no tensor uses are free for the pool too
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         budget = int(config.gpu_memory_fraction * total) - (total - free) - GPU_RESERVE_BYTES
         pages = max(0, budget) // page_bytes
     else:

@@ -119,21 +119,21 @@ def test_the_engines_decode_loop_never_syncs_the_host(bundle):
     on events); the prefill thread is idle then. A raise fails the streams with `internal`."""
     import time
 
-    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=0, max_len=512)).start()
+    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=0, max_len=512, kv_cache_bytes=256 << 20)).start()
     original = engine.runner.launch
     checked = []
 
-    def launch(slots, kv_len):
+    def launch(slots, kv_len, updates=()):
         full = len(slots) == len(TEXTS)
         if full and not checked:  # every segment prefilled: from here the decode loop alone
             torch.cuda.set_sync_debug_mode("error")
         if full and len(checked) < 20:
             checked.append(len(slots))
             if len(checked) == 20:
-                handle = original(slots, kv_len)
+                handle = original(slots, kv_len, updates)
                 torch.cuda.set_sync_debug_mode("default")
                 return handle
-        return original(slots, kv_len)
+        return original(slots, kv_len, updates)
 
     engine.runner.launch = launch
     try:
