@@ -114,8 +114,10 @@ gate() {
 }
 
 part_tests() {
-    # ${TESTS} unquoted: several files and pytest arguments
-    timeout "${TESTS_S:-560}" python3 -m pytest -q -rfE --tb=short ${TESTS:--m gpu tests} > "$out/gpu_tests.log" 2>&1
+    # ${TESTS} unquoted: several files and pytest arguments. The image lacks PyAV, which 8
+    # service-test modules import and none of which holds a GPU test: collected past them
+    timeout "${TESTS_S:-560}" python3 -m pytest -q -rfE --tb=short ${TESTS:--m gpu --continue-on-collection-errors tests} \
+        > "$out/gpu_tests.log" 2>&1
     grep -E "passed|failed|error|FAILED|ERROR" "$out/gpu_tests.log" | tail -n 25
 }
 
