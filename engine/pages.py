@@ -115,13 +115,21 @@ class VoiceCache:
             self._drop(next(iter(self._items)))
             self.evictions += 1
 
+    def _unused(self, voice: VoicePages) -> bool:
+        """Held by the cache alone: dropping it frees its pages."""
+        return all(self.pool.refs[p] == 1 for p in voice.pages)
+
+    def unused_pages(self) -> int:
+        """Pages `reclaim` could free."""
+        return sum(len(v.pages) for v in self._items.values() if self._unused(v))
+
     def reclaim(self, wanted_free: int) -> None:
         """Drop least recently used voices no stream holds until `wanted_free` pages are
         free (or none is left to drop); voices in use would free nothing."""
         for key in list(self._items):
             if self.pool.free >= wanted_free:
                 return
-            if all(self.pool.refs[p] == 1 for p in self._items[key].pages):
+            if self._unused(self._items[key]):
                 self._drop(key)
                 self.evictions += 1
 

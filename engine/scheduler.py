@@ -534,9 +534,7 @@ class Scheduler:
 
     def _available(self, exclude: Stream | None = None) -> int:
         """Pages free, or freeable by dropping unused cached voices and idle contexts."""
-        refs = self.pool.refs
-        voices = sum(len(v.pages) for v in self.voices._items.values() if all(refs[p] == 1 for p in v.pages))
-        return self.pool.free + voices + sum(self._private(s) for s in self._evictable(exclude))
+        return self.pool.free + self.voices.unused_pages() + sum(self._private(s) for s in self._evictable(exclude))
 
     def _alloc(self, n: int, exclude: Stream | None = None) -> list[int] | None:
         """n fresh pages, after reclaiming unused voices, then idle contexts (least

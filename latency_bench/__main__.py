@@ -91,6 +91,15 @@ def capacity_line(health: dict) -> str:
     return line
 
 
+def run_meta(prog: str, argv: list[str] | None) -> dict:
+    """What every benchmark's JSON starts with: the command line, the commit and the time."""
+    return {
+        "command": " ".join([prog, *(argv if argv is not None else sys.argv[1:])]),
+        "commit": git_commit(),
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def git_commit(cwd: str | None = None) -> str:
     """HEAD's short hash, with "+changes" when tracked files differ from it: a result is then
     not HEAD's (the GPU machine runs a copy of the working tree, whose .git may lag it)."""
@@ -143,9 +152,7 @@ def main(argv=None) -> int:
         )
 
     meta = {
-        "command": " ".join(["python -m latency_bench", *(argv if argv is not None else sys.argv[1:])]),
-        "commit": git_commit(),
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta("python -m latency_bench", argv),
         "levels": levels,
     }
     runs: dict[str, list[dict]] = {}

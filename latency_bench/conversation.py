@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import math
 import sys
 import time
 from pathlib import Path
 
-from latency_bench.__main__ import capacity_line, git_commit, synthetic_reference
+from latency_bench.__main__ import capacity_line, run_meta, synthetic_reference
 from latency_bench.capacity import Search, search, verdict
 from latency_bench.conv_report import aggregate_burst, aggregate_level, burst_table, plot, table
 from latency_bench.jsonfile import write_json
@@ -161,9 +160,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     out = Path(a.out)
     meta = {
-        "command": " ".join(["python -m latency_bench.conversation", *(argv if argv is not None else sys.argv[1:])]),
-        "commit": git_commit(),
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta("python -m latency_bench.conversation", argv),
         "turns": a.conv_turns, "user_talk_s": list(a.user_talk), "duration_s": a.duration, "seed": a.seed,
         "tokens_per_s": a.tokens_per_s, "text_mode": a.text_mode,
     }

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import random
 import resource
@@ -34,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from latency_bench.__main__ import capacity_line, git_commit, synthetic_reference
+from latency_bench.__main__ import capacity_line, run_meta, synthetic_reference
 from latency_bench.capacity import search
 from latency_bench.jsonfile import write_json
 from latency_bench.loadgen import SENTENCES, Workload, add_target_args, add_turn_args, connect, open_session, speak_turn
@@ -279,9 +278,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     out = Path(a.out)
     meta = {
-        "command": " ".join(["python -m latency_bench.idle", *(argv if argv is not None else sys.argv[1:])]),
-        "commit": git_commit(),
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta("python -m latency_bench.idle", argv),
         "rate_per_s": a.rate, "hold_s": a.hold, "speakers": a.speakers, "seed": a.seed,
         "synthetic_reference_s": a.synthetic_reference, "fd_limit": raise_fd_limit(),
     }

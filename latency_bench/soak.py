@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
 import random
@@ -49,7 +48,7 @@ from pathlib import Path
 import msgpack
 import websockets
 
-from latency_bench.__main__ import capacity_line, git_commit, synthetic_reference
+from latency_bench.__main__ import capacity_line, run_meta, synthetic_reference
 from latency_bench.jsonfile import write_json
 from latency_bench.loadgen import SENTENCES, Workload, add_target_args, add_turn_args, connect, send_text
 from latency_bench.serverproc import service, sizing_args
@@ -515,8 +514,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     out = Path(a.out)
     meta = {
-        "command": " ".join(["python -m latency_bench.soak", *(argv if argv is not None else sys.argv[1:])]),
-        "commit": git_commit(), "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta("python -m latency_bench.soak", argv),
         "duration_s": a.duration, "clients": a.clients, "mix": dict(zip(MODES, a.mix)), "seed": a.seed,
     }
     if a.url:

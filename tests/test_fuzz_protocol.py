@@ -35,6 +35,7 @@ from engine.audio import wav_bytes
 from engine.engine import EngineConfig
 from realtime import protocol as P
 from server import running_server
+from test_fuzz_service import victim_turn
 
 HOP = 2048
 VICTIM_FRAMES = 6
@@ -98,14 +99,7 @@ class Victim:
             assert msgpack.unpackb(await ws.recv())["event"] == "ready"
             self.ready.set()
             while not self._stop.is_set():
-                await ws.send(msgpack.packb({"event": "text", "text": "The quick brown fox jumps over the lazy dog."}))
-                await ws.send(msgpack.packb({"event": "flush"}))
-                samples = 0
-                async with asyncio.timeout(60):
-                    while (event := msgpack.unpackb(await ws.recv()))["event"] != "turn_end":
-                        assert event["event"] == "audio", event
-                        samples += len(event["audio"]) // 2
-                self.heard.append(samples)
+                self.heard.append(await victim_turn(ws))
                 await asyncio.sleep(0.05)  # leaves the two CPU cores some room for the fuzzing
 
 

@@ -98,15 +98,20 @@ async def victim(url: str, turns: int) -> list[int]:
         await ws.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": VICTIM_FRAMES}}))
         assert msgpack.unpackb(await ws.recv())["event"] == "ready"
         for _ in range(turns):
-            await ws.send(msgpack.packb({"event": "text", "text": "The quick brown fox jumps over the lazy dog."}))
-            await ws.send(msgpack.packb({"event": "flush"}))
-            samples = 0
-            async with asyncio.timeout(60):
-                while (event := msgpack.unpackb(await ws.recv()))["event"] != "turn_end":
-                    assert event["event"] == "audio", event
-                    samples += len(event["audio"]) // 2
-            heard.append(samples)
+            heard.append(await victim_turn(ws))
     return heard
+
+
+async def victim_turn(ws) -> int:
+    """One sentence spoken as a turn; the samples heard (PCM), only audio before turn_end."""
+    await ws.send(msgpack.packb({"event": "text", "text": "The quick brown fox jumps over the lazy dog."}))
+    await ws.send(msgpack.packb({"event": "flush"}))
+    samples = 0
+    async with asyncio.timeout(60):
+        while (event := msgpack.unpackb(await ws.recv()))["event"] != "turn_end":
+            assert event["event"] == "audio", event
+            samples += len(event["audio"]) // 2
+    return samples
 
 
 @pytest.mark.parametrize("seed", [1, 2])
