@@ -459,6 +459,10 @@ class Engine:
         for t in timings:
             if t is not None:
                 t.append(time.perf_counter())
+        if self.config.log_timing:
+            t0 = next((t[-2] for t in timings if t is not None), None)
+            log.info("prefill batch: %d segments, %d tokens at most, %.1f ms", len(items),
+                     max(tok.shape[1] for _, tok, _ in items), 1000 * (time.perf_counter() - t0) if t0 else -1)
         self.prefills += len(items)
         emitted, joined = [], []
         second = self.config.bench.prefill_second_frame and not self.config.bench.naive
@@ -479,6 +483,7 @@ class Engine:
         """Each joined segment's second frame (work, its end position), made here on the
         prefill thread; the decode thread takes the streams over from the third frame."""
         streams = [work.stream for work, _ in joined]
+        t0 = time.perf_counter()
         try:
             frames = self.runner.second_frames([s.slot for s in streams], [end for _, end in joined])
         except Exception as e:  # as a failed decode step: these streams lose their turns in progress
@@ -487,6 +492,8 @@ class Engine:
                     self.sched.second_frame_done(stream)
             self._fail_decoding(streams, e)
             return
+        if self.config.log_timing:
+            log.info("second frames: %d segments, %.1f ms", len(streams), 1000 * (time.perf_counter() - t0))
         emitted = []
         with self._lock:
             for (work, _), frame in zip(joined, frames):
