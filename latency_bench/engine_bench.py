@@ -175,6 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                    help="the decode batch speaks one voice whose prompt is each stream's first N positions, its "
                         "pages shared; adds the mode graphs_own_pages (each stream its own copy: the baseline)")
+    p.add_argument("--page-size", default="32", help="KV page sizes, comma-separated (16, 32, 64): each further one "
+                   "adds the mode graphs_p<N>, timed against the first")
     p.add_argument("--skip-eager", action="store_true", help="on a GPU, time the graph modes only (saves minutes)")
     p.add_argument("--out", default="out/engine_bench")
     a = p.parse_args(argv)
@@ -204,6 +206,11 @@ def main(argv=None) -> int:
             modes[m].setdefault("kv", kv_quants[0])
         if q != kv_quants[0]:
             modes[f"{fastest}_kv_{q}"] = {**modes[fastest], "kv": q}
+    page_sizes = [int(x) for x in a.page_size.split(",")]
+    for m in list(modes):
+        modes[m].setdefault("page", page_sizes[0])
+    for size in page_sizes[1:]:
+        modes[f"{fastest}_p{size}"] = {**modes[fastest], "page": size}
     results: dict = {"model": bundle.name, "quant": a.quant, "device": str(device), "dtype": str(bundle.dtype), "context": a.context,
                      "load_s": bundle.load_seconds, "params": bundle.config.num_parameters()}
     if device.type == "cuda":
@@ -211,12 +218,13 @@ def main(argv=None) -> int:
     for mode, differs in modes.items():
         plan = build_plan(bundle.model, device, bundle.dtype, differs["kv"])
         plan = dataclasses.replace(plan, **differs.get("plan", {}))
-        runner = Runner(bundle, max(batches), a.max_len, plan, kv_quant=differs["kv"],
+        runner = Runner(bundle, max(batches), a.max_len, plan, kv_quant=differs["kv"], page_size=differs["page"],
                         cuda_graphs=differs.get("graphs", device.type == "cuda"))
         share = differs.get("share", True)
         results[mode] = {
             "plan": dataclasses.asdict(plan),
             "kv_quant": differs["kv"],
+            "page_size": differs["page"],
             "kv_bytes_per_stream": kv_bytes_per_stream(runner),
             "shared_prefix": a.shared_prefix if share else 0,
             "decode": [bench_decode(runner, b, a.context, a.steps, a.shared_prefix, share) for b in batches],
@@ -245,6 +253,9 @@ def main(argv=None) -> int:
     for base_mode in ("graphs_torch_ops", "graphs_no_gemv", "graphs_no_pdl", "graphs_own_pages"):
         if base_mode in results and "graphs" in results:
             print(f"graphs against {base_mode} (step time ratio, higher is faster): {step_ratios(base_mode, 'graphs')}")
+    for m in [m for m in modes if m.startswith(f"{fastest}_p")]:
+        print(f"{m} against {fastest}, pages of {page_sizes[0]} (step time ratio, higher is faster): "
+              f"{step_ratios(fastest, m)}")
     for m in [m for m in modes if "_kv_" in m]:  # each further KV layout against the same mode's first
         base = results[fastest]
         print(f"{m} against {fastest} (step time ratio, higher is faster): {step_ratios(fastest, m)}; KV per stream "

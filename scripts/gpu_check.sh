@@ -29,6 +29,10 @@
 #       CONV_DURATION (seconds per level, 60), CONV_S (560 s limit), QUANT; BASE_TREE=<dir> as for
 #       load: the same search from <dir> first, then this tree, a server each, both tables
 #       (CONV_S 270 each, CONV_DURATION 30)
+#       CONV_FRAMES (frames a turn, 200: a talk share ~0.79; 100: ~0.5), CONV_ARGS (more
+#       conversation flags, e.g. "--max-running 256")
+#   bash scripts/gpu_check.sh burst     # every connection flushes each turn at once (--sync-flush):
+#                                       # BURST_LEVELS (16,64) connections, 3 turns; BASE_TREE as for load
 #   bash scripts/gpu_check.sh idle      # idle connections held ready with the reference voice cached, a
 #                                       # sample of 16 speaking a turn: IDLE_LEVELS (500,1000,2000), up
 #                                       # to the first that fails (IDLE_S: 560 s limit), QUANT
@@ -168,9 +172,9 @@ bench_conv() {
     rm -rf "$work"; mkdir -p "$work"
     (cd "$tree" && PYTHONPATH="/tmp/site:$tree" GIT_CEILING_DIRECTORIES="$(dirname "$tree")" timeout "$limit" \
         python3 -m latency_bench.conversation --model "$MODEL" --device "$DEVICE" \
-        --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --server-arg=--max-len=1536 \
+        --max-new-tokens "${CONV_FRAMES:-200}" --fixed-frames --synthetic-reference 7 --server-arg=--max-len=1536 \
         --server-arg=--quant="$QUANT" --find-capacity --levels "${CONV_LEVELS:-16,32,64,128}" \
-        --duration "$duration" --out "$work") 2>&1 | grep -v " open=" > "$out/$name.log"
+        --duration "$duration" ${CONV_ARGS:-} --out "$work") 2>&1 | grep -v " open=" > "$out/$name.log"
     grep -E "started in|Error|error:" "$out/$name.log" | tail -n 5 | sed "s/^/$name: /"
     sed -n '/^== open-loop/,/^capacity:/p' "$out/$name.log"
     cp "$work/results.json" "$out/$name.json" 2>/dev/null || echo "$name: no results (cut at $limit s?)"
@@ -188,6 +192,32 @@ part_conversations() {
     else
         bench_conv "$PWD" conversations "${CONV_S:-560}" "${CONV_DURATION:-60}"
     fi
+}
+
+# bench_burst TREE NAME: the synchronized flushes from TREE, results in $out/NAME.json
+bench_burst() {
+    local tree=$1 name=$2 work=/tmp/gpu_check/$2
+    rm -rf "$work"; mkdir -p "$work"
+    (cd "$tree" && PYTHONPATH="/tmp/site:$tree" GIT_CEILING_DIRECTORIES="$(dirname "$tree")" timeout "${BURST_S:-270}" \
+        python3 -m latency_bench.conversation --model "$MODEL" --device "$DEVICE" --max-new-tokens 200 \
+        --fixed-frames --synthetic-reference 7 --server-arg=--max-len=1536 --server-arg=--quant="$QUANT" \
+        --sync-flush --conversations "${BURST_LEVELS:-16,64}" --conv-turns 3 --think 1 --no-plot \
+        ${BURST_ARGS:-} --out "$work") > "$out/$name.log" 2>&1
+    grep -E "started in|Error|error:" "$out/$name.log" | tail -n 5 | sed "s/^/$name: /"
+    sed -n '/^== synchronized/,/^wrote/p' "$out/$name.log"
+    cp "$work/results.json" "$out/$name.json" 2>/dev/null || echo "$name: no results (cut?)"
+    cp "$work/server.log" "$out/$name-server.log" 2>/dev/null
+    return 0
+}
+
+part_burst() {
+    need_service_packages
+    if [ -n "${BASE_TREE:-}" ]; then
+        local base; base=$(cd "$BASE_TREE" && pwd) || exit 2
+        [ -d "$base/engine/assets" ] || cp -r engine/assets "$base/engine/"
+        bench_burst "$base" base-burst
+    fi
+    bench_burst "$PWD" burst
 }
 
 part_idle() {
@@ -249,7 +279,7 @@ part_profile() {
 }
 
 case "$part" in
-    tests|engine|load|capacity|conversations|idle|soak|kernels|profile) "part_$part" ;;
+    tests|engine|load|capacity|conversations|burst|idle|soak|kernels|profile) "part_$part" ;;
     all) for p in tests engine kernels profile load capacity; do echo "=== $p"; "part_$p"; done ;;
-    *) echo "unknown part $part (tests, engine, load, capacity, conversations, idle, soak, kernels, profile, all)"; exit 2 ;;
+    *) echo "unknown part $part (tests, engine, load, capacity, conversations, burst, idle, soak, kernels, profile, all)"; exit 2 ;;
 esac
