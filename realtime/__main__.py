@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import sys
 
 import uvicorn
@@ -18,9 +19,29 @@ from realtime.config import ServiceConfig, parse_args
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
+# open files besides the connections' sockets: model files, logs, stored voices, the event loop
+SPARE_FILES = 256
+
+
+def raise_open_files(connections: int) -> int:
+    """Each connection holds a socket: the soft limit on open files (often 1,024) goes up
+    towards the hard one so that --max-connections can be reached. Returns the soft limit."""
+    log = logging.getLogger("realtime")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + SPARE_FILES
+    if soft < wanted:
+        soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft < wanted:
+        log.warning("open files are limited to %d (hard limit): fewer than --max-connections %d needs (%d)",
+                    soft, connections, wanted)
+    return soft
+
+
 def serve(config: ServiceConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    raise_open_files(config.max_connections)
     bundle = load_bundle(config.model, config.device, quant=config.quant)
     print(f"model {bundle.name} on {bundle.device} ({bundle.dtype}), loaded in {bundle.load_seconds:.1f} s", flush=True)
     engine = Engine(bundle, config.engine)
