@@ -109,3 +109,17 @@ def test_the_dockerfiles_start_the_service_with_real_options(dockerfile):
     ignore = (ROOT / "deploy" / f"{dockerfile}.dockerignore").read_text()
     assert {f"!{s}" for s in sources} <= set(ignore.split())  # in the build context
     assert "torch==2.13.0" in text  # the pin of pyproject.toml
+
+
+def test_deploy_readme_shows_the_haproxy_config_the_launcher_writes():
+    from realtime.replicas import haproxy_config
+
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    shown = re.search(r"```\n(defaults\n.*?)```", readme, re.S)[1]
+    written = haproxy_config("127.0.0.1", 8765, [("127.0.0.1", 8766), ("127.0.0.1", 8767)])
+
+    def directives(text: str) -> list[str]:
+        lines = (" ".join(line.split("#")[0].split()) for line in text.splitlines())
+        return [line for line in lines if line]
+
+    assert directives(shown) == directives("defaults" + written.split("defaults", 1)[1])  # its header left out
