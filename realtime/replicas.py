@@ -131,7 +131,8 @@ def plan(args: argparse.Namespace, run_dir: Path) -> Plan:
     return Plan(replicas, host, args.service_args, threads)
 
 
-def start_replica(r: Replica, p: Plan) -> None:
+def replica_command(r: Replica, p: Plan) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of replica r: its port, and its one GPU as `cuda`."""
     cmd = [sys.executable, "-m", "realtime", "--host", p.host, "--port", str(r.port),
            "--device", "cpu" if r.gpu is None else "cuda"]
     if r.gpu is None and p.cpu_threads:
@@ -139,8 +140,13 @@ def start_replica(r: Replica, p: Plan) -> None:
     env = dict(os.environ)
     if r.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = r.gpu
+    return [*cmd, *p.service_args], env
+
+
+def start_replica(r: Replica, p: Plan) -> None:
+    cmd, env = replica_command(r, p)
     with open(r.log, "wb") as log:
-        r.proc = subprocess.Popen([*cmd, *p.service_args], env=env, stdout=log, stderr=subprocess.STDOUT,
+        r.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)  # Ctrl-C reaches the launcher only: it drains them
 
 
@@ -259,15 +265,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.service_args[:1] == ["--"]:
         args.service_args = args.service_args[1:]
     if args.replicas is not None and args.replicas < 1:
-        raise SystemExit("--replicas must be at least 1")
+        parser.error("--replicas must be at least 1")
     taken = sorted({a.partition("=")[0] for a in args.service_args} & {"--host", "--port", "--device"})
     if taken:
-        raise SystemExit(f"{', '.join(taken)}: the launcher's own options, not the replicas' (before --)")
+        parser.error(f"{', '.join(taken)}: the launcher's own options, not the replicas' (before --)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="realtime-replicas-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     p = plan(args, run_dir)
@@ -293,8 +305,11 @@ def run(args: argparse.Namespace, p: Plan, run_dir: Path) -> None:
             p.balancer = start_balancer(args.host, args.port, p.replicas, run_dir, args.check_interval_ms)
             print(f"balancer: pid {p.balancer.pid}, HAProxy, config {run_dir / 'haproxy.cfg'}", flush=True)
             wait_balancer(p.balancer, args.host, args.port)
-        url = f"{args.host}:{args.port}" if p.balancer is not None else f"{p.host}:{p.replicas[0].port}.."
-        print(f"ready: {len(p.replicas)} replicas; live TTS at ws://{url}/v1/tts/live", flush=True)
+        if p.balancer is not None:
+            where = f"live TTS at ws://{args.host}:{args.port}/v1/tts/live"
+        else:
+            where = f"no balancer: ws://{p.host}:PORT/v1/tts/live, ports {p.replicas[0].port}-{p.replicas[-1].port}"
+        print(f"ready: {len(p.replicas)} replicas; {where}", flush=True)
         supervise(p.replicas, p.balancer)
     except Stop:
         print("stopping: draining every replica", flush=True)
