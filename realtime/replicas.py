@@ -18,6 +18,7 @@ restarted (in production Kubernetes restarts it).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import re
 import shutil
@@ -146,8 +147,16 @@ def replica_command(r: Replica, p: Plan) -> tuple[list[str], dict[str, str]]:
 def start_replica(r: Replica, p: Plan) -> None:
     cmd, env = replica_command(r, p)
     with open(r.log, "wb") as log:
-        r.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+        r.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_drain_with_parent,
                                   start_new_session=True)  # Ctrl-C reaches the launcher only: it drains them
+
+
+def _drain_with_parent() -> None:
+    """In the child: SIGTERM (a drain) when the launcher dies, even by SIGKILL (Linux)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher's own shutdown still stops them
+        pass
 
 
 def wait_ready(replicas: list[Replica], host: str, timeout_s: float) -> None:
@@ -194,7 +203,7 @@ def start_balancer(host: str, port: int, replicas: list[Replica], run_dir: Path,
     subprocess.run([haproxy, "-c", "-q", "-f", str(cfg)], check=True)
     log = open(run_dir / "haproxy.log", "wb")
     return subprocess.Popen([haproxy, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            preexec_fn=_drain_with_parent, start_new_session=True)
 
 
 class Stop(Exception):

@@ -78,23 +78,23 @@ def fleet(tmp_path_factory):
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     lines = []
-    while not (lines and lines[-1].startswith("ready:")):
-        line = proc.stdout.readline()
-        assert line, "the launcher stopped:\n" + "".join(lines)
-        lines.append(line)
-    replicas = [(int(m[1]), int(m[2])) for m in re.finditer(r"^replica \d+: pid (\d+), http://[^:]+:(\d+)",
-                                                            "".join(lines), re.M)]
-    assert len(replicas) == 3 and [p for _, p in replicas] == [port + 1, port + 2, port + 3]
-    yield Fleet(proc, port, replicas, run_dir)
-    proc.send_signal(signal.SIGTERM)
     try:
+        while not (lines and lines[-1].startswith("ready:")):
+            line = proc.stdout.readline()
+            assert line, "the launcher stopped:\n" + "".join(lines)
+            lines.append(line)
+        replicas = [(int(m[1]), int(m[2])) for m in re.finditer(r"^replica \d+: pid (\d+), http://[^:]+:(\d+)",
+                                                                "".join(lines), re.M)]
+        assert len(replicas) == 3 and [p for _, p in replicas] == [port + 1, port + 2, port + 3]
+        yield Fleet(proc, port, replicas, run_dir)
+        proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in replicas:  # nothing outlives the test
+        for pid in re.findall(r"^replica \d+: pid (\d+)", "".join(lines), re.M):  # nothing outlives the test
             try:
-                os.kill(pid[0], signal.SIGKILL)
+                os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
 

@@ -28,8 +28,8 @@ def test_without_a_balancer_the_replicas_serve_on_consecutive_ports_and_drain_on
          "--voices-dir", str(tmp_path / "voices")],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
+    lines = []
     try:
-        lines = []
         while not (lines and lines[-1].startswith("ready:")):
             lines.append(proc.stdout.readline())
             assert lines[-1], "the launcher stopped:\n" + "".join(lines)
@@ -49,6 +49,11 @@ def test_without_a_balancer_the_replicas_serve_on_consecutive_ports_and_drain_on
     finally:
         if proc.poll() is None:
             proc.kill()
+        for pid in re.findall(r"^replica \d: pid (\d+)", "".join(lines), re.M):  # nothing outlives the test
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_one_replica_per_visible_gpu_each_pinned_to_its_own(tmp_path, monkeypatch):
