@@ -186,9 +186,12 @@ def probe_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through $http_proxy
+
+
 def ready(host: str, port: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/v1/ready", timeout=2) as resp:
+        with _DIRECT.open(f"http://{host}:{port}/v1/ready", timeout=2) as resp:
             return resp.status == 200
     except OSError:  # refused, 503 (HTTPError), timeout
         return False
