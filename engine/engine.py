@@ -195,6 +195,7 @@ class Engine:
         self.decode_phases = Phases("idle", "schedule", "launch", "wait", "emit")
         self.prefill_phases = Phases("idle", "voice", "segments")
         self.started_at = time.monotonic()
+        self.warm = False  # set by start(): graphs captured (above), the codec warmed up, threads running
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -205,6 +206,7 @@ class Engine:
         self.codec.start(self._guard)
         for t in self._threads:
             t.start()
+        self.warm = True
         return self
 
     def stop(self) -> None:
@@ -279,6 +281,12 @@ class Engine:
         with self._lock:
             self.sched.close(handle.sched)
             self._lock.notify_all()
+
+    def can_open(self) -> bool:
+        """Started, not failed, and open() would take one more stream now (admitted, or
+        queued for KV pages) instead of refusing it."""
+        with self._lock:
+            return self.warm and self.failure is None and self.sched.can_open()
 
     def encode_references(self, refs: list[ReferenceInput]) -> list[torch.Tensor]:
         """Reference audio -> codes [C, frames] (blocking; call it off the event loop)."""

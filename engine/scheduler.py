@@ -183,6 +183,11 @@ class Scheduler:
         self.streams[stream.id] = stream
         return stream
 
+    def can_open(self) -> bool:
+        """open() would admit or queue one more stream now (not Refused): the service's
+        readiness (GET /v1/ready)."""
+        return (bool(self.free_slots) and not self.queue and self._can_start()) or len(self.queue) < self.max_queued
+
     def _can_start(self) -> bool:
         """A new stream's first segment fits in the pages free or freeable (its voice is
         checked when it is prefilled: a cached one needs none)."""

@@ -76,8 +76,8 @@ def aggregate_level(offered: float, run: LevelRun, hop_s: float) -> dict:
 def kv_pages(samples: list[dict[str, float]]) -> dict | None:
     """Mean and max of each KV-page gauge the service exports (engine_kv_pages_*); None
     while it exports none (a KV cache of whole rows has no pages)."""
-    # /metrics renders the gauge kv_pages_total as engine_kv_pages_total, which
-    # shares.parse_engine reads back as "kv_pages" (it strips counters' _total)
+    # /metrics renders the engine's stat kv_pages_total as the gauge engine_kv_pages,
+    # which shares.parse_engine reads back as "kv_pages"
     keys = sorted({k for s in samples for k in s if k.startswith("kv_pages")})
     if not keys:
         return None

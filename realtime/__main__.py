@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import resource
 import sys
+from dataclasses import replace
 
 import uvicorn
 
@@ -12,6 +13,7 @@ from engine.bundle import load_bundle
 from engine.engine import Engine
 from realtime.app import DrainingServer, build_app, uvicorn_options
 from realtime.config import ServiceConfig, parse_args
+from realtime.replicas import pin_gpu
 
 # Python's GIL switch interval while serving: the decode thread gives the GIL up at every
 # step and must then get it back; at the default 5 ms a step waited up to 5 ms behind the
@@ -42,6 +44,7 @@ def serve(config: ServiceConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     raise_open_files(config.max_connections)
+    config = replace(config, device=pin_gpu(config.device))  # cuda:N: only GPU N visible, as cuda
     bundle = load_bundle(config.model, config.device, quant=config.quant)
     print(f"model {bundle.name} on {bundle.device} ({bundle.dtype}), loaded in {bundle.load_seconds:.1f} s", flush=True)
     engine = Engine(bundle, config.engine)

@@ -3,6 +3,7 @@
     WS     /v1/tts/live        live TTS (realtime/live.py -> realtime/session.py; messages in realtime/protocol.py)
     POST   /v1/tts             whole request, audio streamed back (msgpack or JSON body)
     GET    /v1/health          liveness and model info (503 once the engine failed, or while draining)
+    GET    /v1/ready           readiness: 200 while one more conversation fits (realtime/readiness.py)
     GET    /metrics            Prometheus text
     GET    /v1/voices          stored voices
     POST   /v1/voices          store a voice: {name, id?, references: [{audio, text}]}
@@ -39,6 +40,7 @@ ROUTES = [
     WebSocketRoute("/v1/tts/live", live.live),
     Route("/v1/tts", http_api.tts, methods=["POST"]),
     Route("/v1/health", http_api.health),
+    Route("/v1/ready", http_api.ready),
     Route("/metrics", http_api.metrics),
     Route("/v1/voices", http_api.list_voices, methods=["GET"]),
     Route("/v1/voices", http_api.create_voice, methods=["POST"]),

@@ -1,4 +1,4 @@
-"""The HTTP endpoints: one-shot TTS, health, metrics, stored voices.
+"""The HTTP endpoints: one-shot TTS, health, readiness, metrics, stored voices.
 
 Shared objects reach them through `request.app.state.services` (realtime/app.py)."""
 
@@ -18,6 +18,7 @@ from realtime.audio_out import finalize_wav
 from realtime.auth import authorized
 from realtime.errors import busy_response, draining_response, error_json, error_response, unauthorized_response
 from realtime.oneshot import synthesize
+from realtime.readiness import capacity, not_ready_reason
 from realtime.services import Services
 from realtime.voices import VoiceStoreError, VoiceStoreFull, VoiceStoreUnwritable
 
@@ -86,9 +87,20 @@ async def health(request: Request) -> Response:
     }, status_code=200 if status == "ok" else 503)
 
 
+async def ready(request: Request) -> Response:
+    """Readiness (realtime/readiness.py): 200 while one more conversation fits, else 503
+    with why; for load balancers and Kubernetes, no API key needed (as /v1/health)."""
+    reason = not_ready_reason(_services(request))
+    if reason is None:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "not_ready", "reason": reason}, status_code=503)
+
+
 async def metrics(request: Request) -> Response:
     svc = _services(request)
-    return PlainTextResponse(svc.metrics.render(svc.engine.stats()), media_type="text/plain; version=0.0.4")
+    stats = svc.engine.stats()
+    cap = capacity(svc, stats, not_ready_reason(svc) is None)
+    return PlainTextResponse(svc.metrics.render(stats, cap), media_type="text/plain; version=0.0.4")
 
 
 async def list_voices(request: Request) -> Response:

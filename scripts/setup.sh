@@ -8,8 +8,9 @@ cd "$root"
 extras="${EXTRAS:-dev}"
 python="${PYTHON:-python3}"
 
-# Debian packages the Python packages need at run time (opuslib loads libopus).
-debs=(libopus0 chromium)
+# Debian packages the Python packages need at run time (opuslib loads libopus); haproxy:
+# the load balancer of python -m realtime.replicas and tests/test_scaleout.py.
+debs=(libopus0 chromium haproxy)
 missing=()
 for deb in "${debs[@]}"; do
     dpkg -s "$deb" >/dev/null 2>&1 || missing+=("$deb")

@@ -96,7 +96,7 @@ def test_a_level_holds_only_within_the_bound_without_underruns_or_refusals():
 
 def test_kv_pages_are_reported_when_the_service_exports_them():
     """The gauges as /metrics renders them and shares.parse_engine reads them back (the
-    pool's kv_pages_total comes back as "kv_pages"): the table's KV pages are the most in
+    pool's size, the gauge engine_kv_pages, comes back as "kv_pages"): the table's KV pages are the most in
     use, not the pool, and a level's KV bytes per open conversation are the mean in use
     over the mean open."""
     from latency_bench.shares import parse_engine
