@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.alignment import ALIGN_TOKENS, AlignHeads, SegmentAligner, WordClock, WordTiming, word_token_spans
+from engine.alignment import ALIGN_TOKENS, AlignHeads, SegmentAligner, WordClock, WordTiming
 from engine.audio import AudioError, load_reference
 from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
@@ -556,9 +556,8 @@ class Engine:
             for old in [t for t in handle.turn_words if t < turn]:
                 del handle.turn_words[old]
             index, offset = handle.turn_words.get(turn, (0, 0))
-            words, spans, n_tokens = word_token_spans(seg.text, self.bundle.tokenizer.encode)
-            aligner = handle.aligner = SegmentAligner(words, spans, n_tokens, index, offset, self.hop_length,
-                                                      self.codec.drain_samples, self.sample_rate)
+            aligner = handle.aligner = SegmentAligner(seg.text, self.bundle.tokenizer.encode, index, offset,
+                                                      self.hop_length, self.codec.drain_samples, self.sample_rate)
             handle.aligner_turn = turn
         words = aligner.frame(attention) if outcome.emit else []
         if outcome.segment_done:

@@ -25,6 +25,7 @@ import json
 import re
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -36,10 +37,16 @@ from engine.sampling import SamplingParams
 from engine.settings import BenchSettings
 from engine.voice import VoiceInput
 from latency_bench.__main__ import run_meta
-from training.corpus import plain_sentences
 
 ASR_RATE = 16_000
 FIRST_HELD_OUT = 30  # sentences before it chose the heads
+# the evaluation-only sentences (read here: latency_bench does not import training/)
+PLAIN_SENTENCES = Path(__file__).resolve().parent.parent / "training" / "plain_sentences.txt"
+
+
+def plain_sentences() -> list[str]:
+    lines = PLAIN_SENTENCES.read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 class ForcedAligner:
@@ -149,7 +156,7 @@ def measure(sentences: int = 40, first: int = FIRST_HELD_OUT, alignment: bool = 
     engine = Engine(bundle, EngineConfig(max_running=1, max_queued=1, max_len=1536,
                                          bench=BenchSettings(alignment=alignment))).start()
     asr = ForcedAligner()
-    texts = [item["text"] for item in plain_sentences()][first:]
+    texts = plain_sentences()[first:]
     starts, ends, gaps, outside, problems, skipped, used = [], [], [], [], [], 0, 0
     try:
         for i, text in enumerate(texts):
