@@ -73,7 +73,7 @@ def _text_attention_kernel(
         l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(scores - m_safe), axis=0)
         m = m_new
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    inv = tl.where(l > 0, 1.0 / l, 0.0)
+    inv = 1.0 / tl.where(l > 0, l, 1.0)  # no text: every p below is 0 anyway
     for t0 in range(0, T, BLOCK):
         offs = t0 + tl.arange(0, BLOCK)
         scores, valid = _text_scores(q, k_ptr, table_row, start, n, offs, kvh, stride_kp, stride_kpos, stride_kh,
