@@ -16,7 +16,7 @@ import pytest
 from engine import WordTiming
 from engine.alignment import word_token_spans
 from engine.bundle import load_bundle
-from engine.engine import Engine, EngineConfig, StreamParams
+from engine.engine import BenchSettings, Engine, EngineConfig, StreamParams
 from engine.sampling import SamplingParams
 from engine.voice import VoiceInput
 
@@ -30,17 +30,22 @@ def bundle():
 
 @pytest.fixture(scope="module")
 def engine(bundle):
-    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=4, max_len=1536)).start()
+    engine = tap(Engine(bundle, EngineConfig(max_running=4, max_queued=4, max_len=1536)).start())
+    yield engine
+    engine.stop()
+
+
+def tap(engine: Engine) -> Engine:
+    """A spy on the real codec worker: each stream's code frames, in its sink."""
     forward = engine.codec.frames
 
-    def frames(items):  # a spy on the real codec worker: each stream's code frames
+    def frames(items):
         for owner, _, _, codes in items:
             owner.sink.frames.append(np.array(codes))
         forward(items)
 
     engine.codec.frames = frames
-    yield engine
-    engine.stop()
+    return engine
 
 
 class Sink:
@@ -146,11 +151,21 @@ def check_delivery(events: list, rate: int, first_segment_words: int) -> None:
     assert before_end == set(range(first_segment_words)), before_end
 
 
-def test_streams_without_the_flag_get_no_words_and_the_same_audio(engine):
+def test_streams_without_the_flag_get_no_words_and_the_same_audio(engine, bundle):
+    """Also the same frames as an engine without the readout (BenchSettings.alignment off):
+    reading the attention changes nothing the model computes."""
     text = "A short plain sentence."
     plain = speak(engine, [text], StreamParams(GREEDY, frame_budget=120))
     timed = speak(engine, [text], StreamParams(GREEDY, frame_budget=120, word_timestamps=True))
     assert not any(e[0] == "words" for e in plain.events)
+    before = tap(Engine(bundle, EngineConfig(max_running=4, max_queued=4, max_len=1536,
+                                             bench=BenchSettings(alignment=False))).start())
+    try:
+        without = speak(before, [text], StreamParams(GREEDY, frame_budget=120))
+    finally:
+        before.stop()
+    assert len(without.frames) == len(plain.frames) and all(np.array_equal(a, b) for a, b in zip(without.frames,
+                                                                                                  plain.frames))
     assert len(plain.frames) == len(timed.frames) > 10
     assert all(np.array_equal(a, b) for a, b in zip(plain.frames, timed.frames))
     # the same samples up to the codec's batching (float rounding)
