@@ -448,7 +448,7 @@ class Engine:
             pieces.append(prompts.segment_end())
         pieces.append(prompts.segment(work.segment.text))
         tokens = torch.cat(pieces, dim=1)
-        first, n = prompts.segment_text_span(work.segment.text)
+        first, n = prompts.segment_text_span(pieces[-1])
         text_at = work.start + tokens.shape[1] - pieces[-1].shape[1] + first
         return tokens, (work.stream.slot, text_at, min(n, ALIGN_TOKENS))
 

@@ -110,6 +110,10 @@ def test_word_spans_map_whitespace_words_to_their_tokens(bundle):
     norm = "Hello, wide's world! ok"
     assert total == len(encode(norm))
     assert [norm.encode()[a:b].decode() for a, b in spans] == ["Hello,", "wide's", "world!", "", "ok"]
+    # where the segment's prompt holds that text: what the readout reads (DeviceState.text_spans)
+    prompt = bundle.prompts.segment("  Hello,   wide\u2019s world! \U0001f600 ok")
+    first, n = bundle.prompts.segment_text_span(prompt)
+    assert prompt[0, first : first + n].tolist() == encode(norm) and n == total
 
 
 def test_each_word_once_in_order_after_its_audio_and_before_its_segment_end(engine, bundle):
