@@ -86,3 +86,56 @@ def test_the_decode_step_reads_the_same_through_the_kernels_and_the_references()
     assert align_k.shape == (3, 256) and abs(align_k - align_r).max() < 1e-4
     assert abs(align_k[0, :40].sum() - 3) < 1e-4 and not align_k[0, 40:].any()  # three heads, each summing to 1
     assert not align_k[1].any() and abs(align_k[2, :64].sum() - 3) < 1e-4
+
+
+def step_launches(kernels: bool, heads, batch: int = 2, context: int = 40):
+    """Launches of one decode step at the s2-pro structure (latency_bench/launch_count.py),
+    the readout's Triton launcher counted as one."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    import engine.alignment as alignment
+    from engine.kernel_plan import KernelPlan
+    from engine.runner import Runner
+    from latency_bench.launch_count import _counting_triton_launchers, count_launches, narrow_bundle
+
+    plan = KernelPlan(attention=kernels, fused_qkv=kernels, step=kernels)
+    runner = Runner(narrow_bundle("s2-pro"), max_running=batch, max_len=context + 64, plan=plan, cuda_graphs=False,
+                    align_heads=heads)
+    runner.decoder.batch_slots[:batch] = torch.arange(batch)
+    runner.state.positions[:batch] = context
+    runner.state.text_spans[:batch] = torch.tensor([5, 20])
+    real = alignment.text_attention
+    with torch.no_grad():
+        runner.decoder._step(batch, context + 1)
+        with count_launches() as counts, _counting_triton_launchers(counts):
+            def counted(*args, **kwargs):
+                counts["triton text_attention"] += 1
+                mode = _get_current_dispatch_mode()
+                mode.paused += 1
+                try:
+                    return real(*args, **kwargs)
+                finally:
+                    mode.paused -= 1
+
+            alignment.text_attention = counted
+            try:
+                runner.decoder._step(batch, context + 1)
+            finally:
+                alignment.text_attention = real
+    return counts
+
+
+def test_the_readout_adds_two_launches_a_layer_and_no_host_sync():
+    """On the GPU's path the readout of one layer (the fallback: all heads of the middle
+    layer) is one Triton launch and the sum over its heads; on the reference path a
+    handful of gathers and a softmax. Neither syncs with the host."""
+    from engine.alignment import AlignHeads
+    from latency_bench.launch_count import launches, narrow_bundle, syncs
+
+    c = narrow_bundle("s2-pro").config
+    heads = AlignHeads.for_model(None, c.n_layer, c.n_head)
+    on, off = step_launches(True, heads), step_launches(True, None)
+    assert syncs(on) == 0 and launches(on) - launches(off) == 2, (on - off)
+    assert on["triton text_attention"] == 1 and on["aten.sum.IntList_out"] == off["aten.sum.IntList_out"] + 1
+    ref_on, ref_off = step_launches(False, heads), step_launches(False, None)
+    assert syncs(ref_on) == 0 and 0 < launches(ref_on) - launches(ref_off) <= 30, (ref_on - ref_off)
