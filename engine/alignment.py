@@ -2,10 +2,13 @@
 
 A segment's words are the whitespace-separated pieces of the text Engine.say() received.
 Each maps to a span of the segment's text tokens (the prompt's tokens of the normalized
-text). An aligner per segment turns what each frame attends to into a monotonic path over
-those tokens, hence word start/end frames; the engine hands finished words (WordTiming)
-to the stream, which releases each one to its sink once the audio up to its end has been
-delivered (WordClock).
+text). Inside every decode step (CUDA graph included, no host sync), the chosen heads of
+the slow transformer read their attention over each row's text span (AlignProbe,
+kernels/text_attention.py; the span is device state set at the segment's prefill), and
+the host reads it with the step's frames. An aligner per segment turns it into a
+monotonic path over the tokens, hence word start/end frames; the engine hands finished
+words (WordTiming) to the stream, which releases each one to its sink once the audio up
+to its end has been delivered (WordClock). The heads are the model's (AlignHeads).
 
 Times: frame k of a segment is the audio [k hop + L, (k + 1) hop + L) of that segment, L
 the codec's lookahead in samples (engine/codec/streaming.py: a segment's audio is its
@@ -146,9 +149,9 @@ class SegmentAligner:
     passed its last letter, whichever is first; once that frame is seen its timing is
     final: the path is never revised, so no corrections are sent. The last word ends with
     the segment (the attention reaches the text's end before its last syllables are
-    spoken), as do the words left at the segment's end; words the path never reached (a segment cut at its frame
-    budget) share the frames after the last reached one's start by their characters. A
-    segment without any readout (the readout off) is all such words."""
+    spoken), as do the words left at the segment's end; words the path never reached (a
+    segment cut at its frame budget) share the frames after the last reached one's start
+    by their characters. A segment without any readout (the readout off) is all such words."""
 
     def __init__(self, text: str, encode: Callable[[str], list[int]], first_index: int, offset_samples: int,
                  hop: int, lag: int, sample_rate: int) -> None:

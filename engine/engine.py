@@ -480,7 +480,8 @@ class Engine:
             if t is not None:
                 t.append(time.perf_counter())
         try:
-            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items], rows, spans)
+            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items], rows,
+                                                  spans)
         except Exception as e:  # the whole batch failed: every stream in it hears why
             for work, _, _ in items:
                 self._fail_work(work, e)
