@@ -147,11 +147,13 @@ class SegmentAligner:
     frame whose position reaches its first token (words reached in the same frame share it
     in equal parts) and ends where the next one starts, or END_SLACK frames after the path
     passed its last letter, whichever is first; once that frame is seen its timing is
-    final: the path is never revised, so no corrections are sent. The last word ends with
-    the segment (the attention reaches the text's end before its last syllables are
-    spoken), as do the words left at the segment's end; words the path never reached (a
-    segment cut at its frame budget) share the frames after the last reached one's start
-    by their characters. A segment without any readout (the readout off) is all such words."""
+    final: the path is never revised. The last word ends with the segment (the attention
+    reaches the text's end before its last syllables are spoken): it is sent END_SLACK
+    frames after the path passed its last letter, ending there, and corrected (the same
+    index, its end the segment's) when the segment ends. Words still open then end with it
+    too; words the path never reached (a segment cut at its frame budget) share the frames
+    after the last reached one's start by their characters. A segment without any readout
+    (the readout off) is all such words."""
 
     def __init__(self, text: str, encode: Callable[[str], list[int]], first_index: int, offset_samples: int,
                  hop: int, lag: int, sample_rate: int) -> None:
@@ -166,7 +168,8 @@ class SegmentAligner:
         self.pos = 0
         self.starts: list[float] = []  # start frame of the words reached so far
         self.passed: dict[int, int] = {}  # word -> the first frame past its last letter
-        self.sent = 0  # words handed out
+        self.sent = 0  # words handed out (final)
+        self.provisional: tuple[int, WordTiming] | None = None  # the last word, sent before its end was known
         self.readouts = 0
 
     def frame(self, attention: np.ndarray | None) -> list[tuple[int, WordTiming]]:
@@ -200,6 +203,13 @@ class SegmentAligner:
                 break
             out.append(self._timing(i, self.starts[i], end))
             self.sent += 1
+        last = len(self.words) - 1
+        if (self.sent == last < len(self.starts) and self.provisional is None and last in self.passed
+                and self.frames >= self.passed[last] + END_SLACK):
+            # the last word is spoken: sent now (a barge-in knows it was heard), its end
+            # corrected at the segment's end
+            self.provisional = self._timing(last, self.starts[last], self.passed[last] + END_SLACK)
+            out.append(self.provisional)
         return out
 
     def finish(self) -> list[tuple[int, WordTiming]]:
@@ -218,7 +228,9 @@ class SegmentAligner:
             end = starts[i + 1] if i + 1 < len(self.words) else n
             if i in self.passed and i + 1 < len(self.words):
                 end = min(end, self.passed[i] + END_SLACK)
-            out.append(self._timing(i, starts[i], max(starts[i], min(end, n))))
+            timing = self._timing(i, starts[i], max(starts[i], min(end, n)))
+            if timing != self.provisional:
+                out.append(timing)
         self.sent = len(self.words)
         return out
 

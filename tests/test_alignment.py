@@ -52,17 +52,20 @@ def run(text: str, path: list[int]) -> tuple[list[tuple[int, WordTiming]], list[
 
 def test_the_path_gives_each_word_its_first_frame_and_pauses_are_gaps():
     # "ab cd ef": a=0 b=1 ' '=2 c=3 d=4 ' '=5 e=6 f=7; the path dwells on ' ' (5) in a pause
-    path = [0, 0, 1, 2, 3, 4, 5, 5, 5, 5, 5, 6, 7, 7]
-    out, per_frame = run("ab cd ef", path)
+    path = [0, 0, 1, 2, 3, 4, 5, 5, 5, 5, 5, 6, 7, 8, 8, 8]
+    out, per_frame = run("ab cd ef.", path)
     words = [w for _, w in out]
-    assert [w.text for w in words] == ["ab", "cd", "ef"] and [w.index for w in words] == [0, 1, 2]
+    assert [w.text for w in words] == ["ab", "cd", "ef.", "ef."] and [w.index for w in words] == [0, 1, 2, 2]
     t = lambda f: (f * HOP + LAG) / RATE  # noqa: E731
     assert words[0].start == t(0) and words[0].end == t(4)  # cd starts at frame 4
     assert words[1].start == t(4) and words[1].end == t(6 + 2)  # passed 'd' at frame 6: ends 2 frames on
-    assert words[2].start == t(11) and words[2].end == t(len(path))  # the last one ends with the segment
+    # the last one: sent 2 frames after the path passed 'f' (at frame 13, onto '.'), then
+    # corrected to end with the segment (same index)
+    assert words[2].start == t(11) and words[2].end == t(15)
+    assert words[3].index == 2 and words[3].start == t(11) and words[3].end == t(len(path))
     # each word is handed out at the frame that settles its end, never earlier than that frame
-    assert [[w.index for _, w in f] for f in per_frame].index([0]) == 4
-    assert [[w.index for _, w in f] for f in per_frame].index([1]) == 7
+    sent = [[w.index for _, w in f] for f in per_frame]
+    assert sent.index([0]) == 4 and sent.index([1]) == 7 and sent.index([2]) == 14
     assert all(end == round(w.end * RATE) for end, w in out)
 
 
