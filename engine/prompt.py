@@ -50,6 +50,7 @@ class PromptBuilder:
         self.tok = tokenizer
         self.config = config
         self.num_codebooks = config.num_codebooks
+        self._pieces: tuple[int, int] | None = None  # segment(): tokens before and after the text
 
     # --- pieces ------------------------------------------------------------------------
 
@@ -117,6 +118,17 @@ class PromptBuilder:
             self.text(f"{IM_END}\n"),
             self.text(f"{IM_START}assistant\n{VOICE}"),
         ])
+
+    def segment_text_span(self, segment: Tensor) -> tuple[int, int]:
+        """Where a `segment()` prompt holds its text: (first token, tokens). Its pieces are
+        tokenized one by one, so the text is what the fixed pieces around it leave."""
+        if self._pieces is None:
+            s1 = self.config.prompt_format == "s1"
+            header = speaker_token(0) if s1 else f"{IM_START}user\n"
+            trailer = [] if s1 else [f"{IM_END}\n", f"{IM_START}assistant\n{VOICE}"]
+            self._pieces = (len(self.tok.encode(header)), sum(len(self.tok.encode(t)) for t in trailer))
+        header, trailer = self._pieces
+        return header, segment.shape[1] - header - trailer
 
     def segment_end(self) -> Tensor:
         """Closes a generated segment (its codes are already in the context)."""
