@@ -1,0 +1,259 @@
+"""Word timestamps as the hosted Fish API sends them: the engine's word timings
+(engine.WordTiming: seconds of a turn's engine audio) -> alignment snapshots on the timeline
+of the audio the client received, for `WS /v1/tts/live/with-timestamp` and
+`POST /v1/tts/stream/with-timestamp`.
+
+What the public docs say, and what is matched here:
+  https://docs.fish.audio/api-reference/endpoint/openapi-v1/text-to-speech-stream-with-timestamps
+  (and its OpenAPI schema TTSTimestampStreamEvent in https://docs.fish.audio/api-reference/openapi.json)
+  https://docs.fish.audio/api-reference/endpoint/openapi-v1/text-to-speech-live-with-timestamps
+- each audio event has `content` (str: the text chunk the alignment describes),
+  `alignment` ({segments: [{text, start, end}], audio_duration} or null), `chunk_seq` (int
+  >= 0) and `chunk_audio_offset_sec` (number >= 0); times in seconds (floats).
+- `alignment` is the cumulative snapshot of chunk `chunk_seq` (it replaces the previous
+  one, never appends); null before the chunk's first snapshot. `start`/`end` are seconds
+  from the chunk's start; `chunk_audio_offset_sec` is the chunk's start in the whole audio.
+- `chunk_seq` and `chunk_audio_offset_sec` never decrease; an event may be labelled with a
+  chunk while its bytes are the next chunk's audio.
+- a trailing audio event with empty bytes may carry a final correction.
+Where we chose:
+- a text chunk is one segment the engine speaks (realtime/segmenter.py); `chunk_seq` counts
+  them over the whole connection (0, 1, ...), across turns.
+- the timeline is the decoded audio of every byte sent on the connection, all turns in a
+  row (mp3: LAME's encoder delay included, as decoders play it). Times are after prosody
+  `speed` and resampling, and a word is in a snapshot only once its audio has been sent
+  (bytes held back for the 1,024-byte minimum, or inside a codec, are not heard yet).
+- a segment's `text` is the word with its leading and trailing punctuation removed, as the
+  docs' example shows (`long.` -> `long`); words of only punctuation are left out.
+- `audio_duration` is the chunk's audio sent so far; once the next chunk has begun, up to
+  its start; a turn's last chunk ends with the turn's audio (its encoder tail included).
+- after a chunk's final snapshot, no event names an earlier chunk (chunk_seq never drops).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+
+ROUND = 4  # decimals of the seconds sent (0.1 ms)
+
+
+def display_word(word: str) -> str:
+    """`Hello,` -> `Hello`; `"don't"` -> `don't`; `--` -> ``."""
+    def is_mark(ch: str) -> bool:
+        return unicodedata.category(ch)[0] in "PSZ"
+
+    start, end = 0, len(word)
+    while start < end and is_mark(word[start]):
+        start += 1
+    while end > start and is_mark(word[end - 1]):
+        end -= 1
+    return word[start:end]
+
+
+@dataclass(slots=True)
+class Word:
+    """A word on the client's timeline: seconds from the start of its turn's audio."""
+
+    index: int
+    text: str
+    start: float
+    end: float
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "start": round(self.start, ROUND), "end": round(self.end, ROUND)}
+
+
+@dataclass(slots=True)
+class _Chunk:
+    seq: int
+    turn: int
+    text: str
+    first_word: int  # the turn's index of its first word
+    n_words: int
+    start: int | None = None  # encoder input samples (engine rate) where its audio begins
+    end: int | None = None  # ... where it ends (its segment ended)
+    final: bool = False  # its final snapshot was queued: no event names it any more
+    sent: tuple | None = None  # the last snapshot sent (segments, audio_duration)
+
+
+@dataclass(slots=True)
+class _Turn:
+    start: int | None = None  # encoder input samples where its first audio begins
+    pos: int = 0  # encoder input samples after its last audio so far
+    words: dict[int, object] = field(default_factory=dict)  # index -> engine WordTiming
+    n_words: int = 0  # words of the segments handed to the engine so far
+    ended: bool = False  # all its audio was sent (turn end, finish or cancel)
+    cancelled: bool = False  # its unsent audio was dropped: only heard words count
+
+
+class Alignment:
+    """One connection's text chunks, their audio and their words.
+
+    The session tells it what it hands to the engine (`segment`), where each engine chunk
+    of audio enters the encoder (`audio`), segment ends, the engine's words, and how much
+    decoded audio the client has (`released`, seconds: AudioEncoder.released_samples);
+    `take()` gives the fields of the next audio event, and of any empty audio events that
+    must follow it, snapshots in chunk order."""
+
+    def __init__(self, input_rate: int, output_rate: int, speed: float, decoder_delay: int) -> None:
+        self.input_rate, self.output_rate, self.speed = input_rate, output_rate, speed
+        self.delay_s = decoder_delay / output_rate
+        self.chunks: list[_Chunk] = []
+        self.turns: dict[int, _Turn] = {}
+        self.released = 0.0  # seconds of decoded audio the client has, on its timeline
+        self.shift = 0.0  # seconds of encoder output never sent (cancelled audio)
+        self._current = 0  # lowest chunk not final: what events are labelled with
+
+    # --- what happens -----------------------------------------------------------------------
+
+    def segment(self, turn: int, text: str) -> None:
+        t = self.turns.setdefault(turn, _Turn())
+        n = len(text.split())
+        self.chunks.append(_Chunk(len(self.chunks), turn, text, t.n_words, n))
+        t.n_words += n
+
+    def audio(self, turn: int, n: int, pos: int) -> None:
+        """n engine samples of `turn` enter the encoder at input sample `pos`."""
+        t = self.turns.setdefault(turn, _Turn())
+        if t.start is None:
+            t.start = pos
+        chunk = self._open_chunk(turn)
+        if chunk is not None and chunk.start is None:
+            chunk.start = pos
+        t.pos = pos + n
+
+    def segment_end(self, turn: int) -> None:
+        chunk = self._open_chunk(turn)
+        t = self.turns.get(turn)
+        if chunk is not None and t is not None:
+            chunk.start = t.pos if chunk.start is None else chunk.start
+            chunk.end = t.pos
+
+    def words(self, turn: int, words) -> None:
+        t = self.turns.get(turn)
+        if t is not None and not t.ended:
+            for w in words:  # a later WordTiming with the same index replaces the earlier
+                t.words[w.index] = w
+
+    def set_released(self, encoder_seconds: float) -> None:
+        self.released = max(self.released, encoder_seconds - self.shift)
+
+    def drop_unsent(self, encoder_seconds: float) -> None:
+        """Encoder output up to encoder_seconds was thrown away (cancel): the client's
+        timeline goes on from what it has."""
+        self.shift = encoder_seconds - self.released
+
+    def end_turn(self, turn: int, cancelled: bool = False) -> None:
+        """All of the turn's audio is sent, or the rest dropped: its chunks get their final
+        snapshots."""
+        t = self.turns.setdefault(turn, _Turn())
+        t.ended = True
+        t.cancelled = t.cancelled or cancelled
+
+    # --- times --------------------------------------------------------------------------------
+
+    def _seconds(self, pos: float) -> float:
+        """Encoder input sample -> seconds on the client's timeline."""
+        return pos / self.input_rate / self.speed + self.delay_s - self.shift
+
+    def turn_words(self, turn: int, heard: bool = True) -> list[Word]:
+        """The turn's words (`heard`: those whose audio the client has), in order; seconds
+        from the turn's start."""
+        t = self.turns.get(turn)
+        if t is None or t.start is None:
+            return []
+        base = self._seconds(t.start)
+        out = []
+        for i in sorted(t.words):
+            w = t.words[i]
+            text = display_word(w.text)
+            if text and (not heard or base + w.end / self.speed <= self.released + 1e-6):
+                out.append(Word(i, text, w.start / self.speed, w.end / self.speed))
+        return out
+
+    def turn_seconds(self, turn: int) -> float:
+        """Seconds of the turn's audio the client has."""
+        t = self.turns.get(turn)
+        return 0.0 if t is None or t.start is None else max(0.0, self.released - self._seconds(t.start))
+
+    # --- snapshots ----------------------------------------------------------------------------
+
+    def take(self, repeat: bool = True) -> list[tuple[int, dict]]:
+        """(turn, fields) for the audio event about to be sent, then for each empty audio
+        event that must follow it (more snapshots, in chunk order). With nothing new, the
+        current chunk's latest snapshot again (`repeat`), as the docs allow; [] before any
+        chunk has audio."""
+        pending = []
+        while self._current < len(self.chunks):
+            chunk = self.chunks[self._current]
+            if chunk.start is None:
+                if not self.turns[chunk.turn].ended:
+                    break
+                chunk.final = True  # a cancelled turn's segment that was never heard
+                self._current += 1
+                continue
+            final = self._is_final(chunk)
+            snap = self._snapshot(chunk, final)
+            state = None if snap is None else (snap["segments"], snap["audio_duration"] if final else None)
+            if snap is not None and state != chunk.sent:
+                chunk.sent = state
+                pending.append((chunk.turn, self._fields(chunk, snap)))
+            if not final:
+                break
+            chunk.final = True
+            self._current += 1
+        if not pending and repeat:
+            label = self._label()
+            if label is not None:
+                snap = self._snapshot(label, label.final) if label.sent is not None else None
+                pending.append((label.turn, self._fields(label, snap)))
+        return pending
+
+    def _label(self) -> _Chunk | None:
+        """The chunk events are labelled with when no snapshot is new: the current one if
+        its audio began, else the last final one."""
+        if self._current < len(self.chunks) and self.chunks[self._current].start is not None:
+            return self.chunks[self._current]
+        return self.chunks[self._current - 1] if self._current else None
+
+    def _is_final(self, chunk: _Chunk) -> bool:
+        nxt = self.chunks[chunk.seq + 1] if chunk.seq + 1 < len(self.chunks) else None
+        if nxt is not None and nxt.start is not None and nxt.turn == chunk.turn:
+            return self.released >= self._seconds(nxt.start) - 1e-6  # the next chunk is being heard
+        return self.turns[chunk.turn].ended
+
+    def _end_seconds(self, chunk: _Chunk) -> float:
+        nxt = self.chunks[chunk.seq + 1] if chunk.seq + 1 < len(self.chunks) else None
+        if nxt is not None and nxt.start is not None:
+            return min(self.released, self._seconds(nxt.start))
+        return self.released
+
+    def _snapshot(self, chunk: _Chunk, final: bool) -> dict | None:
+        offset = self._seconds(chunk.start)
+        t = self.turns[chunk.turn]
+        base = self._seconds(t.start) - offset  # the turn's start, from the chunk's
+        last = chunk.first_word + chunk.n_words
+        # words past the last counted one (the engine split a segment differently) stay in it
+        last_chunk_of_turn = all(c.turn != chunk.turn for c in self.chunks[chunk.seq + 1:])
+        segments = [
+            {"text": w.text, "start": round(base + w.start, ROUND), "end": round(base + w.end, ROUND)}
+            for w in self.turn_words(chunk.turn, heard=not final or t.cancelled)
+            if w.index >= chunk.first_word and (w.index < last or last_chunk_of_turn)
+        ]
+        if not segments and not final:
+            return None
+        return {"segments": segments, "audio_duration": round(max(0.0, self._end_seconds(chunk) - offset), ROUND)}
+
+    def _fields(self, chunk: _Chunk, alignment: dict | None) -> dict:
+        return {
+            "content": chunk.text, "alignment": alignment, "chunk_seq": chunk.seq,
+            "chunk_audio_offset_sec": round(max(0.0, self._seconds(chunk.start)), ROUND),
+        }
+
+    def _open_chunk(self, turn: int) -> _Chunk | None:
+        """The turn's first chunk whose segment has not ended."""
+        for c in self.chunks[self._current:]:
+            if c.turn == turn and c.end is None:
+                return c
+        return None
