@@ -93,6 +93,11 @@ class CodecWorker:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    @property
+    def drain_samples(self) -> int:
+        """The audio a segment's end drains (its frames' audio lags by as much)."""
+        return self.codec_calls.decoder.drain_samples
+
     def depth(self) -> int:
         return self._queue.qsize()
 

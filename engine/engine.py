@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from engine.alignment import SegmentAligner, WordClock, WordTiming, word_token_spans
 from engine.audio import AudioError, load_reference
 from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
@@ -45,7 +46,7 @@ from engine.voice import LRUBytes, ReferenceInput, VoiceInput
 log = logging.getLogger("engine")
 
 __all__ = ["BenchSettings", "Engine", "EngineConfig", "EngineError", "EngineFailed", "Refused", "StreamParams",
-           "StreamSink", "VoiceInput"]
+           "StreamSink", "VoiceInput", "WordTiming"]
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class StreamParams:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     frame_budget: int = 1024  # frames per segment (max_new_tokens)
     condition_on_previous: bool = True  # keep earlier segments in the context
+    word_timestamps: bool = False  # the sink's on_words gets each word's timing (issue 51)
 
 
 class StreamSink(Protocol):
@@ -62,6 +64,9 @@ class StreamSink(Protocol):
     def on_audio(self, turn: int, pcm: np.ndarray) -> None: ...  # float32 at the codec rate
     def on_segment_end(self, turn: int, reason: str) -> None: ...  # "end" | "budget" | "context"
     def on_error(self, code: str, message: str) -> None: ...
+    # only for streams with word_timestamps: the words finished or corrected since the last
+    # call (a later one with the same index replaces it), once their audio is delivered
+    def on_words(self, turn: int, words: list[WordTiming]) -> None: ...
 
 
 class EngineError(Exception):
@@ -88,6 +93,12 @@ class EngineStream:
         self.timing: dict[int, list[float]] = {}  # turn -> [say, prefill start, prefill end] (log_timing)
         self.latest_turn = 0  # highest turn handed to say()
         self.dropped_below = 0  # audio of turns below this was cancelled
+        # word timestamps: the words waiting for their audio, the current segment's aligner
+        # and each turn's (next word index, audio samples of its segments so far)
+        self.clock = WordClock() if params.word_timestamps else None
+        self.aligner: SegmentAligner | None = None
+        self.aligner_turn = -1
+        self.turn_words: dict[int, tuple[int, int]] = {}
 
     @functools.cached_property
     def voice_key(self) -> str:
@@ -108,6 +119,8 @@ class EngineStream:
     def drop_turns(self) -> None:
         """Every turn handed over so far is dropped: no more of its audio is delivered."""
         self.dropped_below = self.latest_turn + 1
+        if self.clock is not None:
+            self.clock.drop_below(self.dropped_below)
 
     # codec worker callbacks
     def audio(self, turn: int, pcm: np.ndarray) -> None:
@@ -118,10 +131,18 @@ class EngineStream:
                 log.info("turn %d: say->prefill %.1f ms, prefill %.1f ms, prefill->audio %.1f ms",
                          turn, 1000 * (t[1] - t[0]), 1000 * (t[2] - t[1]), 1000 * (now - t[2]))
             self.sink.on_audio(turn, pcm)
+            self._words(turn, len(pcm))
 
     def segment_end(self, turn: int, reason: str) -> None:
         if self.wanted(turn):
+            self._words(turn, 0)  # the segment's last words, before its end
             self.sink.on_segment_end(turn, reason)
+
+    def _words(self, turn: int, samples: int) -> None:
+        if self.clock is not None:
+            words = self.clock.delivered(turn, samples)
+            if words and self.wanted(turn):
+                self.sink.on_words(turn, words)
 
 
 def _error_of(e: Exception, step: str) -> tuple[str, str]:
@@ -467,7 +488,7 @@ class Engine:
                 if self.sched.segment_done(work.stream, work, tokens.shape[1], second_frame=second):
                     is_end = int(frame[0]) == self.im_end_id
                     outcome = self.sched.frame(work.stream, work.segment.id, frame, is_end)
-                    emitted.append((work.stream, work.segment.turn, frame, outcome))
+                    emitted.append((work.stream, work.segment.turn, frame, outcome, work.segment, None))
                     if second:
                         joined.append((work, work.start + tokens.shape[1]))
             self._lock.notify_all()
@@ -493,20 +514,48 @@ class Engine:
                 outcome = self.sched.frame(work.stream, work.segment.id, frame, int(frame[0]) == self.im_end_id)
                 self.sched.second_frame_done(work.stream)
                 if outcome.emit or outcome.segment_done:
-                    emitted.append((work.stream, work.segment.turn, frame, outcome))
+                    emitted.append((work.stream, work.segment.turn, frame, outcome, work.segment, None))
             self._lock.notify_all()
         self._emit(emitted)
 
-    def _emit(self, emitted: list[tuple[Stream, int, np.ndarray, object]]) -> None:
-        """Frames (stream, turn, frame, outcome) to the codec worker: the emitted ones as one
-        queue item (one codec call for all of them), then the segment ends."""
-        frames = [(s.owner, s.slot, turn, frame[1:]) for s, turn, frame, outcome in emitted if outcome.emit]
+    def _emit(self, emitted: list[tuple[Stream, int, np.ndarray, FrameOutcome, Segment | None, object]]) -> None:
+        """Frames (stream, turn, frame, outcome, segment, alignment data) to the codec worker:
+        the emitted ones as one queue item (one codec call for all of them), then the segment
+        ends. Their words go to each stream's WordClock first, so they wait there when the
+        audio comes."""
+        for stream, turn, _, outcome, seg, attention in emitted:
+            if stream.owner.clock is not None:
+                self._align(stream.owner, turn, outcome, seg, attention)
+        frames = [(s.owner, s.slot, turn, frame[1:]) for s, turn, frame, outcome, _, _ in emitted if outcome.emit]
         self.frames += len(frames)
         if frames:
             self.codec.frames(frames)
-        for stream, turn, _, outcome in emitted:
+        for stream, turn, _, outcome, _, _ in emitted:
             if outcome.segment_done:
                 self.codec.end(stream.owner, stream.slot, turn, outcome.reason)
+
+    def _align(self, handle: EngineStream, turn: int, outcome: FrameOutcome, seg: Segment | None, attention) -> None:
+        """One emitted frame (or a segment's end) of a stream with word timestamps."""
+        if not handle.wanted(turn):
+            handle.aligner = None
+            return
+        aligner = handle.aligner
+        if aligner is None or handle.aligner_turn != turn:
+            if seg is None:  # a cut segment that had no frame: no words to time
+                return
+            for old in [t for t in handle.turn_words if t < turn]:
+                del handle.turn_words[old]
+            index, offset = handle.turn_words.get(turn, (0, 0))
+            words, spans, n_tokens = word_token_spans(seg.text, self.bundle.tokenizer.encode)
+            aligner = handle.aligner = SegmentAligner(words, spans, n_tokens, index, offset, self.hop_length,
+                                                      self.codec.drain_samples, self.sample_rate)
+            handle.aligner_turn = turn
+        words = aligner.frame(attention) if outcome.emit else []
+        if outcome.segment_done:
+            words += aligner.finish()
+            handle.turn_words[turn] = (aligner.first_index + len(aligner.words), aligner.end_sample)
+            handle.aligner = None
+        handle.clock.add(turn, words)
 
     # --- decode thread ----------------------------------------------------------------
 
@@ -530,12 +579,12 @@ class Engine:
                 updates, self.sched.table_updates = self.sched.table_updates, []
                 launched = None
                 if batch:
-                    segments = [(s.current.id, s.current.turn) for s in batch]
+                    segments = [s.current for s in batch]
                     self.sched.step_launched(batch)
                     slots = [s.slot for s in batch]
                     kv_len = max(s.prompt_end + s.steps for s in batch)
             if cut:  # segments the pool had no page for, ended with the frames they had
-                self._emit([(s, turn, None, FrameOutcome(emit=False, segment_done=True, reason="context"))
+                self._emit([(s, turn, None, FrameOutcome(emit=False, segment_done=True, reason="context"), None, None)
                             for s, turn in cut])
             try:
                 if batch:
@@ -582,18 +631,18 @@ class Engine:
             if not handle.closed:
                 handle.sink.on_error(code, message)
 
-    def _read_step(self, handle, batch: list[Stream], segments: list[tuple[int, int]]) -> None:
+    def _read_step(self, handle, batch: list[Stream], segments: list[Segment]) -> None:
         self.decode_phases.to("wait")  # for the GPU to finish the step
         frames = self.runner.read(handle)
         self.decode_phases.to("emit")  # the frames to the scheduler and the codec's queue
         emitted = []
         with self._lock:
             for row, stream in enumerate(batch):
-                seg_id, turn = segments[row]
+                seg = segments[row]
                 frame = frames[row]
-                outcome = self.sched.frame(stream, seg_id, frame, int(frame[0]) == self.im_end_id)
+                outcome = self.sched.frame(stream, seg.id, frame, int(frame[0]) == self.im_end_id)
                 if outcome.emit or outcome.segment_done:
-                    emitted.append((stream, turn, frame, outcome))
+                    emitted.append((stream, seg.turn, frame, outcome, seg, None))
             self.sched.step_read(batch)
             self._lock.notify_all()
         self._emit(emitted)
