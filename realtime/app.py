@@ -1,7 +1,9 @@
 """The Starlette application: its routes, the shared objects and the engine's lifetime.
 
     WS     /v1/tts/live        live TTS (realtime/live.py -> realtime/session.py; messages in realtime/protocol.py)
+    WS     /v1/tts/live/with-timestamp   the same, audio events with word timestamps (realtime/timestamps.py)
     POST   /v1/tts             whole request, audio streamed back (msgpack or JSON body)
+    POST   /v1/tts/stream/with-timestamp   the same as Server-Sent Events with word timestamps
     GET    /v1/health          liveness and model info (503 once the engine failed, or while draining)
     GET    /metrics            Prometheus text
     GET    /v1/voices          stored voices
@@ -37,7 +39,9 @@ from realtime.voices import VoiceStore
 
 ROUTES = [
     WebSocketRoute("/v1/tts/live", live.live),
+    WebSocketRoute("/v1/tts/live/with-timestamp", live.live_with_timestamp),
     Route("/v1/tts", http_api.tts, methods=["POST"]),
+    Route("/v1/tts/stream/with-timestamp", http_api.tts_stream_with_timestamp, methods=["POST"]),
     Route("/v1/health", http_api.health),
     Route("/metrics", http_api.metrics),
     Route("/v1/voices", http_api.list_voices, methods=["GET"]),

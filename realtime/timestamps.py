@@ -33,6 +33,7 @@ Where we chose:
 from __future__ import annotations
 
 import unicodedata
+from collections import deque
 from dataclasses import dataclass, field
 
 ROUND = 4  # decimals of the seconds sent (0.1 ms)
@@ -85,10 +86,12 @@ class _Turn:
     n_words: int = 0  # words of the segments handed to the engine so far
     ended: bool = False  # all its audio was sent (turn end, finish or cancel)
     cancelled: bool = False  # its unsent audio was dropped: only heard words count
+    open: deque = field(default_factory=deque)  # its chunks whose segment has not ended, in order
 
 
 class Alignment:
-    """One connection's text chunks, their audio and their words.
+    """One connection's text chunks, their audio and their words. Without `segment()`
+    calls (the plain /v1/tts/live path) it only keeps each turn's audio position.
 
     The session tells it what it hands to the engine (`segment`), where each engine chunk
     of audio enters the encoder (`audio`), segment ends, the engine's words, and how much
@@ -104,6 +107,7 @@ class Alignment:
         self.released = 0.0  # seconds of decoded audio the client has, on its timeline
         self.shift = 0.0  # seconds of encoder output never sent (cancelled audio)
         self._current = 0  # lowest chunk not final: what events are labelled with
+        self.closed = False  # every byte is sent (the last file flushed): all words count
 
     # --- what happens -----------------------------------------------------------------------
 
@@ -111,6 +115,7 @@ class Alignment:
         t = self.turns.setdefault(turn, _Turn())
         n = len(text.split())
         self.chunks.append(_Chunk(len(self.chunks), turn, text, t.n_words, n))
+        t.open.append(self.chunks[-1])
         t.n_words += n
 
     def audio(self, turn: int, n: int, pos: int) -> None:
@@ -118,15 +123,14 @@ class Alignment:
         t = self.turns.setdefault(turn, _Turn())
         if t.start is None:
             t.start = pos
-        chunk = self._open_chunk(turn)
-        if chunk is not None and chunk.start is None:
-            chunk.start = pos
+        if t.open and t.open[0].start is None:
+            t.open[0].start = pos
         t.pos = pos + n
 
     def segment_end(self, turn: int) -> None:
-        chunk = self._open_chunk(turn)
         t = self.turns.get(turn)
-        if chunk is not None and t is not None:
+        if t is not None and t.open:
+            chunk = t.open.popleft()
             chunk.start = t.pos if chunk.start is None else chunk.start
             chunk.end = t.pos
 
@@ -143,6 +147,13 @@ class Alignment:
         """Encoder output up to encoder_seconds was thrown away (cancel): the client's
         timeline goes on from what it has."""
         self.shift = encoder_seconds - self.released
+
+    def close(self) -> None:
+        """The audio is complete (the encoder flushed): every word gets into its final
+        snapshot, its end clamped to the audio's (atempo's output is ~10 ms early)."""
+        self.closed = True
+        for t in self.turns.values():
+            t.ended = True
 
     def end_turn(self, turn: int, cancelled: bool = False) -> None:
         """All of the turn's audio is sent, or the rest dropped: its chunks get their final
@@ -163,13 +174,14 @@ class Alignment:
         t = self.turns.get(turn)
         if t is None or t.start is None:
             return []
-        base = self._seconds(t.start)
+        limit = self.released - self._seconds(t.start)  # the turn's audio the client has
         out = []
         for i in sorted(t.words):
             w = t.words[i]
             text = display_word(w.text)
-            if text and (not heard or base + w.end / self.speed <= self.released + 1e-6):
-                out.append(Word(i, text, w.start / self.speed, w.end / self.speed))
+            start, end = w.start / self.speed, w.end / self.speed
+            if text and (not heard or end <= limit + 1e-6):
+                out.append(Word(i, text, min(start, limit), min(end, limit)) if self.closed else Word(i, text, start, end))
         return out
 
     def turn_seconds(self, turn: int) -> float:
@@ -218,10 +230,25 @@ class Alignment:
         return self.chunks[self._current - 1] if self._current else None
 
     def _is_final(self, chunk: _Chunk) -> bool:
+        """No word of the chunk will change: the audio is complete, or the turn was
+        cancelled, or (the next chunk is being heard, or the turn ended) and every word
+        of the chunk is heard."""
+        t = self.turns[chunk.turn]
+        if self.closed or t.cancelled:
+            return True
         nxt = self.chunks[chunk.seq + 1] if chunk.seq + 1 < len(self.chunks) else None
         if nxt is not None and nxt.start is not None and nxt.turn == chunk.turn:
-            return self.released >= self._seconds(nxt.start) - 1e-6  # the next chunk is being heard
-        return self.turns[chunk.turn].ended
+            done = self.released >= self._seconds(nxt.start) - 1e-6
+        else:
+            done = t.ended
+        return done and len(self._words_of(chunk, heard=True)) == len(self._words_of(chunk, heard=False))
+
+    def _words_of(self, chunk: _Chunk, heard: bool) -> list[Word]:
+        last = chunk.first_word + chunk.n_words
+        # words past the last counted one (the engine split a segment differently) stay in it
+        last_of_turn = all(c.turn != chunk.turn for c in self.chunks[chunk.seq + 1:])
+        return [w for w in self.turn_words(chunk.turn, heard)
+                if w.index >= chunk.first_word and (w.index < last or last_of_turn)]
 
     def _end_seconds(self, chunk: _Chunk) -> float:
         nxt = self.chunks[chunk.seq + 1] if chunk.seq + 1 < len(self.chunks) else None
@@ -231,15 +258,10 @@ class Alignment:
 
     def _snapshot(self, chunk: _Chunk, final: bool) -> dict | None:
         offset = self._seconds(chunk.start)
-        t = self.turns[chunk.turn]
-        base = self._seconds(t.start) - offset  # the turn's start, from the chunk's
-        last = chunk.first_word + chunk.n_words
-        # words past the last counted one (the engine split a segment differently) stay in it
-        last_chunk_of_turn = all(c.turn != chunk.turn for c in self.chunks[chunk.seq + 1:])
+        base = self._seconds(self.turns[chunk.turn].start) - offset  # the turn's start, from the chunk's
         segments = [
             {"text": w.text, "start": round(base + w.start, ROUND), "end": round(base + w.end, ROUND)}
-            for w in self.turn_words(chunk.turn, heard=not final or t.cancelled)
-            if w.index >= chunk.first_word and (w.index < last or last_chunk_of_turn)
+            for w in self._words_of(chunk, heard=not self.closed)
         ]
         if not segments and not final:
             return None
@@ -250,10 +272,3 @@ class Alignment:
             "content": chunk.text, "alignment": alignment, "chunk_seq": chunk.seq,
             "chunk_audio_offset_sec": round(max(0.0, self._seconds(chunk.start)), ROUND),
         }
-
-    def _open_chunk(self, turn: int) -> _Chunk | None:
-        """The turn's first chunk whose segment has not ended."""
-        for c in self.chunks[self._current:]:
-            if c.turn == turn and c.end is None:
-                return c
-        return None
