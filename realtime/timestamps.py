@@ -175,13 +175,20 @@ class Alignment:
         if t is None or t.start is None:
             return []
         limit = self.released - self._seconds(t.start)  # the turn's audio the client has
+        # a turn whose audio is all sent has all its words; atempo's output runs ~10 ms
+        # early and holds its last ~40 ms until the file ends: ends are clamped to the audio
+        sealed = self.closed or (t.ended and not t.cancelled)
         out = []
         for i in sorted(t.words):
             w = t.words[i]
             text = display_word(w.text)
             start, end = w.start / self.speed, w.end / self.speed
-            if text and (not heard or end <= limit + 1e-6):
-                out.append(Word(i, text, min(start, limit), min(end, limit)) if self.closed else Word(i, text, start, end))
+            if not text:
+                continue
+            if sealed:
+                out.append(Word(i, text, min(start, limit), min(end, limit)))
+            elif not heard or end <= limit + 1e-6:
+                out.append(Word(i, text, start, end))
         return out
 
     def turn_seconds(self, turn: int) -> float:
@@ -241,7 +248,7 @@ class Alignment:
             done = self.released >= self._seconds(nxt.start) - 1e-6
         else:
             done = t.ended
-        return done and len(self._words_of(chunk, heard=True)) == len(self._words_of(chunk, heard=False))
+        return done and (t.ended or len(self._words_of(chunk, heard=True)) == len(self._words_of(chunk, heard=False)))
 
     def _words_of(self, chunk: _Chunk, heard: bool) -> list[Word]:
         last = chunk.first_word + chunk.n_words
@@ -261,7 +268,7 @@ class Alignment:
         base = self._seconds(self.turns[chunk.turn].start) - offset  # the turn's start, from the chunk's
         segments = [
             {"text": w.text, "start": round(base + w.start, ROUND), "end": round(base + w.end, ROUND)}
-            for w in self._words_of(chunk, heard=not self.closed)
+            for w in self._words_of(chunk, heard=True)
         ]
         if not segments and not final:
             return None
