@@ -293,3 +293,45 @@ def test_new_paths_need_the_key(tmp_path):
             return info.value.response.status_code
 
         assert run(ws()) == 401
+
+
+# --- the project's client and CLI ---------------------------------------------------------------
+
+def test_client_gives_each_turns_words(srv):
+    from clients import connect
+
+    async def main():
+        async with connect(srv.ws_url, timestamps=True, format="pcm", temperature=0) as session:
+            first = await session.speak(TEXT)
+            second = await session.speak(SECOND)
+            words = []
+            async for chunk in session.speak(TEXT + " " + TEXT):
+                words = session.words(chunk.turn)
+                if len(words) >= 2:
+                    break
+            cancelled = await session.cancel()
+            return first, second, cancelled, words
+
+    first, second, cancelled, words = run(main())
+    for result, text in ((first, TEXT), (second, SECOND)):
+        assert [w.text for w in result.words] == expected_words(text)
+        assert 0 <= result.words[0].start < 0.5  # on the turn's own timeline
+        assert result.words[-1].end <= len(result.audio) / 2 / RATE + 1e-3
+    assert cancelled.audio_seconds > 0 and cancelled.last_word is not None
+    assert cancelled.last_word.end <= cancelled.audio_seconds + 1e-3
+    assert [w.text for w in words] == expected_words(TEXT)[:len(words)]
+
+
+def test_cli_prints_the_words(srv, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "x.wav"
+    p = subprocess.run([sys.executable, "-m", "clients", "speak", "--url", srv.ws_url, "--text", SECOND,
+                        "--format", "wav", "--out", str(out), "--timestamps", "--quiet"],
+                       capture_output=True, timeout=240)
+    assert p.returncode == 0, p.stderr.decode()
+    lines = [line.split() for line in p.stderr.decode().splitlines()]
+    assert [w for _, _, w in lines] == expected_words(SECOND)
+    times = [float(t) for start, end, _ in lines for t in (start, end)]
+    assert times == sorted(times) and times[-1] <= decoded_seconds(out.read_bytes(), "wav") + 1e-3
