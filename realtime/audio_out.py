@@ -433,9 +433,14 @@ class _OpusPackets:
         self._enc.bitrate = kbps * 1000 if kbps > 0 else OPUS_AUTO
         self.pre_skip = self._enc.lookahead  # encoder delay, samples at 48 kHz
         self._blocks = _Blocker(OPUS_FRAME)
+        self.coded = 0  # samples a decoder gives for the packets made (pre-skip dropped)
+
+    def _count(self, packets: list[bytes]) -> list[bytes]:
+        self.coded = max(0, self.coded + len(packets) * OPUS_FRAME - (self.pre_skip if not self.coded else 0))
+        return packets
 
     def encode(self, x: np.ndarray) -> list[bytes]:
-        return [self._enc.encode_float(block.tobytes(), OPUS_FRAME) for block in self._blocks.push(x)]
+        return self._count([self._enc.encode_float(block.tobytes(), OPUS_FRAME) for block in self._blocks.push(x)])
 
     def drain_padding(self, incoming: int) -> int:
         # the lookahead, then up to a whole 20 ms packet

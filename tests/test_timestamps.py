@@ -335,3 +335,27 @@ def test_cli_prints_the_words(srv, tmp_path):
     assert [w for _, _, w in lines] == expected_words(SECOND)
     times = [float(t) for start, end, _ in lines for t in (start, end)]
     assert times == sorted(times) and times[-1] <= decoded_seconds(out.read_bytes(), "wav") + 1e-3
+
+
+# --- the encoder's count of what the client can play --------------------------------------------
+
+@pytest.mark.parametrize("fmt,rate,speed", [("pcm", 44100, 1.0), ("wav", 24000, 1.5), ("opus", 48000, 1.0),
+                                            ("mp3", 44100, 1.0), ("mp3", 24000, 0.75)])
+def test_encoder_counts_the_samples_a_decoder_plays(fmt, rate, speed):
+    """AudioEncoder.released_samples: the decoded length of the bytes returned so far, at every
+    step (held bytes not counted), codec delay and padding included."""
+    from realtime.audio_out import AudioEncoder
+
+    enc = AudioEncoder(fmt, rate, RATE, speed=speed)
+    x = (np.random.default_rng(0).random(RATE * 2, dtype=np.float32) - 0.5) * 0.1
+    out = b""
+    for i in range(0, x.size, 2048):
+        out += enc.encode(x[i:i + 2048])
+        if i == 20 * 2048 and fmt in ("pcm", "wav"):
+            assert enc.released_samples == round(decoded_seconds(out, fmt, rate) * rate)
+    out += enc.drain()
+    for i in range(0, RATE, 2048):
+        out += enc.encode(x[i:i + 2048])
+    out += enc.flush()
+    assert enc.released_samples == round(decoded_seconds(out, fmt, rate) * rate)
+    assert enc.samples_in > x.size + RATE  # the drain's padding is input too
