@@ -205,6 +205,8 @@ class LiveSession:
         error = P.error_event(code, message)
         if code is P.ErrorCode.BUSY and not self._draining:  # no capacity: the hosted Fish API's fields too
             error |= concurrency_fields(self.svc.engine.config.max_streams)
+        if self.timestamps:  # the docs' example for this endpoint reads the message from `error`
+            error.setdefault("error", message)
         for event in (error, P.finish_event("error", message)):
             self._enqueue(P.pack(event))
         self._finish()

@@ -75,7 +75,8 @@ class _Chunk:
     start: int | None = None  # encoder input samples (engine rate) where its audio begins
     end: int | None = None  # ... where it ends (its segment ended)
     final: bool = False  # its final snapshot was queued: no event names it any more
-    sent: tuple | None = None  # the last snapshot sent (segments, audio_duration)
+    sent: tuple | None = None  # the last snapshot sent, as compared: (segments, final duration)
+    snapshot: dict | None = None  # the last snapshot sent (events may repeat it)
 
 
 @dataclass(slots=True)
@@ -216,18 +217,35 @@ class Alignment:
             snap = self._snapshot(chunk, final)
             state = None if snap is None else (snap["segments"], snap["audio_duration"] if final else None)
             if snap is not None and state != chunk.sent:
-                chunk.sent = state
+                chunk.sent, chunk.snapshot = state, snap
                 pending.append((chunk.turn, self._fields(chunk, snap)))
             if not final:
                 break
             chunk.final = True
             self._current += 1
+            self._forget(chunk)
+        if self.closed and self.chunks and self.chunks[-1].snapshot is not None:
+            # the encoder's last tail (flush) lengthens the audio of the last chunk only
+            last = self.chunks[-1]
+            duration = round(max(0.0, self.released - self._seconds(last.start)), ROUND)
+            if duration != last.snapshot["audio_duration"]:
+                last.snapshot = last.snapshot | {"audio_duration": duration}
+                pending.append((last.turn, self._fields(last, last.snapshot)))
         if not pending and repeat:
             label = self._label()
             if label is not None:
-                snap = self._snapshot(label, label.final) if label.sent is not None else None
-                pending.append((label.turn, self._fields(label, snap)))
+                pending.append((label.turn, self._fields(label, label.snapshot)))
         return pending
+
+    def _forget(self, chunk: _Chunk) -> None:
+        """A long connection keeps only what later events need: the text of the last final
+        chunk (events may repeat it) and the words of turns not yet final."""
+        if chunk.seq >= 1:
+            older = self.chunks[chunk.seq - 1]
+            older.text, older.sent, older.snapshot = "", None, None
+        t = self.turns[chunk.turn]
+        if t.ended and not t.open and all(c.turn != chunk.turn for c in self.chunks[chunk.seq + 1:]):
+            t.words.clear()
 
     def _label(self) -> _Chunk | None:
         """The chunk events are labelled with when no snapshot is new: the current one if

@@ -169,8 +169,9 @@ def test_ws_times_follow_speed_and_format(srv):
     b, f = check_timeline(base, [TEXT]), check_timeline(fast, [TEXT])
     check_timeline(opus, [TEXT])
     assert abs(fast.seconds() - base.seconds() / 1.5) < FRAME_S
-    for x, y in zip(b, f):  # the same speech (greedy), 1.5 times as fast
-        assert abs(y["start"] - x["start"] / 1.5) < 0.02 and abs(y["end"] - x["end"] / 1.5) < 0.02
+    for x, y in zip(b, f):  # the same speech (greedy), 1.5 times as fast (the last end may be
+        # clamped to the audio sent at the turn's end: atempo holds ~40 ms back until the finish)
+        assert abs(y["start"] - x["start"] / 1.5) < 0.005 and abs(y["end"] - x["end"] / 1.5) < FRAME_S
 
 
 def test_ws_bad_input_gets_the_same_errors(srv):
@@ -188,6 +189,7 @@ def test_ws_bad_input_gets_the_same_errors(srv):
 
     for events, code in zip(run(main()), ("out_of_order", "invalid_field", "bad_message")):
         assert [e["event"] for e in events] == ["error", "finish"] and events[0]["code"] == code
+        assert events[0]["error"] == events[0]["message"]  # where the docs' example reads it
 
 
 def test_plain_path_is_unchanged(srv):
