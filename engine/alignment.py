@@ -15,13 +15,24 @@ follow each other.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from engine.text import normalize_text
+from kernels.text_attention import text_attention, text_attention_reference
+
+# text tokens of a segment the readout reads (a segment's first 256: ~200 characters with the
+# default voice's byte-level tokenizer, ~1,000 with a BPE one); words past them are spread
+# over the segment's remaining frames at its end
+ALIGN_TOKENS = 256
+HEADS_FILE = "alignment_heads.json"  # beside a checkpoint's config.json
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,58 @@ class WordTiming:
     text: str  # the word as Engine.say() received it (punctuation kept)
     start: float  # seconds from the turn's first audio sample (the engine's audio)
     end: float
+
+
+@dataclass(frozen=True, slots=True)
+class AlignHeads:
+    """The (layer, query head) pairs whose attention over the text is read each step."""
+
+    heads: tuple[tuple[int, int], ...]
+    source: str  # the heads file, or the fallback rule
+
+    @classmethod
+    def for_model(cls, folder: str | Path | None, n_layer: int, n_head: int) -> "AlignHeads":
+        """The heads recorded beside the checkpoint (`alignment_heads.json`: {"heads":
+        [[layer, head], ...]}), else the fallback: every head of the middle layer (without
+        a calibration the monotonic heads are unknown; on the default voice that layer's
+        average gives a median word-start error of 49 ms against its chosen heads' 25)."""
+        path = Path(folder) / HEADS_FILE if folder is not None else None
+        if path is not None and path.is_file():
+            heads = tuple((int(layer), int(head)) for layer, head in json.loads(path.read_text())["heads"])
+            if not heads or any(not (0 <= layer < n_layer and 0 <= head < n_head) for layer, head in heads):
+                raise ValueError(f"{path}: heads must be [layer, head] pairs within {n_layer} layers x {n_head} heads")
+            return cls(heads, str(path))
+        return cls(tuple((n_layer // 2, h) for h in range(n_head)), f"fallback: every head of layer {n_layer // 2}")
+
+
+class AlignProbe:
+    """One decode step's readout (DecodeMeta.align): each selected layer's attention, as it
+    runs, adds its heads' text softmaxes (kernels/text_attention.py) into `out` [B, T], the
+    step's extra output that the host reads with its frames. Built per step (and per graph
+    capture), so no state survives a step but `out`."""
+
+    def __init__(self, by_module: dict[int, Tensor], slots: Tensor, spans: Tensor, page_table: Tensor, out: Tensor,
+                 kernel: bool, pdl: bool) -> None:
+        self.by_module, self.slots, self.spans, self.page_table, self.out = by_module, slots, spans, page_table, out
+        self.kernel, self.pdl = kernel, pdl
+        self.first = True
+
+    def read(self, attention: torch.nn.Module, q: Tensor, k_cache: Tensor) -> None:
+        """q [B, 1, H, D] of a layer whose keys are in k_cache; nothing unless it is selected."""
+        heads = self.by_module.get(id(attention))
+        if heads is None:
+            return
+        q = q[:, 0]
+        args = (q, k_cache, self.page_table, self.slots, self.spans, heads, self.out.shape[1])
+        if self.kernel and k_cache.dtype != torch.uint8:
+            probs = text_attention(*args, pdl=self.pdl)
+        else:
+            probs = text_attention_reference(*args)
+        if self.first:
+            torch.sum(probs, 1, out=self.out)
+            self.first = False
+        else:
+            self.out.add_(probs.sum(1))
 
 
 def word_token_spans(text: str, encode: Callable[[str], list[int]]) -> tuple[list[str], list[tuple[int, int]], int]:
@@ -55,32 +118,96 @@ def word_token_spans(text: str, encode: Callable[[str], list[int]]) -> tuple[lis
     return words, spans, total
 
 
+# the path moves at most this many text tokens a frame (a frame is 46 ms: ~1 character of
+# speech at the default voice's rate, a fraction of a BPE token)
+MAX_ADVANCE = 6
+# a word ends this many frames after the path passed its last letter or digit, unless the
+# next word starts before: a pause after it is then a gap, not part of the word
+END_SLACK = 2
+
+
 class SegmentAligner:
-    """One segment: frames in (each with its attention over the segment's text tokens, or
-    None), word timings out as they complete. Placeholder estimator for now: a word's
-    frames are the segment's frames in proportion to its characters, known at the end."""
+    """One segment: frames in, each with the readout's attention over the segment's text
+    tokens (AlignProbe, summed over the chosen heads), word timings out as they complete.
+
+    The path: each frame's text position is the argmax of its attention within
+    MAX_ADVANCE tokens ahead of the last frame's (never backwards), from the first token
+    (the prefill's frames, which have no readout, stay there). A word starts at the first
+    frame whose position reaches its first token (words reached in the same frame share it
+    in equal parts) and ends where the next one starts, or END_SLACK frames after the path
+    passed its last letter, whichever is first; once that frame is seen its timing is
+    final: the path is never revised, so no corrections are sent. The last word ends with
+    the segment (the attention reaches the text's end before its last syllables are
+    spoken), as do the words left at the segment's end; words the path never reached (a segment cut at its frame
+    budget) share the frames after the last reached one's start by their characters. A
+    segment without any readout (the readout off) is all such words."""
 
     def __init__(self, words: list[str], spans: list[tuple[int, int]], n_tokens: int, first_index: int,
                  offset_samples: int, hop: int, lag: int, sample_rate: int) -> None:
         """`offset_samples`: where the segment's audio starts in its turn; `lag`: the codec's
         delay in samples (its lookahead, drained at the segment's end)."""
-        self.words, self.spans, self.n_tokens = words, spans, n_tokens
+        self.words, self.spans, self.n_tokens = words, spans, min(n_tokens, ALIGN_TOKENS)
         self.first_index = first_index
         self.offset, self.hop, self.lag, self.rate = offset_samples, hop, lag, sample_rate
+        # each word's last letter or digit token (its last token if it has none)
+        self.last_letter = [a + max([i for i, ch in enumerate(_token_chars(w, b - a)) if ch.isalnum()] or [b - a - 1])
+                            for w, (a, b) in zip(words, spans)]
         self.frames = 0
-        self.done = False
+        self.pos = 0
+        self.starts: list[float] = []  # start frame of the words reached so far
+        self.passed: dict[int, int] = {}  # word -> the first frame past its last letter
+        self.sent = 0  # words handed out
+        self.readouts = 0
 
     def frame(self, attention: np.ndarray | None) -> list[tuple[int, WordTiming]]:
         """One emitted frame; returns the words it completed as (end sample, timing)."""
+        k = self.frames
         self.frames += 1
-        return []
+        if attention is not None and self.n_tokens:
+            self.readouts += 1
+            ahead = attention[self.pos : min(self.n_tokens, self.pos + MAX_ADVANCE + 1)]
+            if ahead.size:
+                self.pos += int(np.argmax(ahead))
+        reached = len(self.starts)
+        newly = 0
+        while reached + newly < len(self.words) and self.spans[reached + newly][0] <= self.pos:
+            newly += 1
+        self.starts += [k + j / newly for j in range(newly)]
+        for i in range(self.sent, len(self.starts)):
+            if i not in self.passed and self.pos > self.last_letter[i]:
+                self.passed[i] = k
+        out = []
+        while self.sent < len(self.starts):
+            i = self.sent
+            slack = self.passed[i] + END_SLACK if i in self.passed and i + 1 < len(self.words) else None
+            if i + 1 < len(self.starts):
+                end = self.starts[i + 1] if slack is None else min(self.starts[i + 1], slack)
+            elif slack is not None and self.frames >= slack:
+                end = slack
+            else:
+                break
+            out.append(self._timing(i, self.starts[i], end))
+            self.sent += 1
+        return out
 
     def finish(self) -> list[tuple[int, WordTiming]]:
         """The segment ended: every word not handed out yet."""
-        self.done = True
-        lengths = np.array([max(1, len(w)) for w in self.words], dtype=np.float64)
-        edges = np.concatenate([[0.0], np.cumsum(lengths)]) / lengths.sum() * self.frames
-        return [self._timing(i, edges[i], edges[i + 1]) for i in range(len(self.words))]
+        n = self.frames
+        starts = list(self.starts)
+        if len(starts) < len(self.words):  # words never reached share what is left by their characters
+            base = max(0, len(starts) - 1) if self.readouts else 0  # the last reached word shares too
+            lo = starts[base] if base < len(starts) else 0.0
+            share = [max(1, len(w)) for w in self.words[base:]]
+            edges = lo + np.concatenate([[0.0], np.cumsum(share)]) / sum(share) * max(0.0, n - lo)
+            starts = starts[:base] + [float(e) for e in edges[:-1]]
+        out = []
+        for i in range(self.sent, len(self.words)):
+            end = starts[i + 1] if i + 1 < len(self.words) else n
+            if i in self.passed and i + 1 < len(self.words):
+                end = min(end, self.passed[i] + END_SLACK)
+            out.append(self._timing(i, starts[i], max(starts[i], min(end, n))))
+        self.sent = len(self.words)
+        return out
 
     @property
     def end_sample(self) -> int:
@@ -91,6 +218,18 @@ class SegmentAligner:
         s = self.offset + round(start_frame * self.hop) + self.lag
         e = self.offset + round(end_frame * self.hop) + self.lag
         return e, WordTiming(self.first_index + i, self.words[i], s / self.rate, e / self.rate)
+
+
+def _token_chars(word: str, tokens: int) -> str:
+    """The word's characters, one per token where the tokenizer is byte-level (the
+    default voice's); otherwise the word spread over its tokens (which one holds the last
+    letter is then approximate)."""
+    norm = normalize_text(word)
+    if len(norm.encode()) == tokens:  # byte-level: one token a byte
+        return "".join(ch * len(ch.encode()) for ch in norm)
+    if tokens <= 0:
+        return ""
+    return "".join(norm[min(len(norm) - 1, i * len(norm) // tokens)] for i in range(tokens)) if norm else "x" * tokens
 
 
 class WordClock:

@@ -73,6 +73,9 @@ class DecodeMeta:
     plan: KernelPlan = REFERENCE  # attention: the Triton kernel (reads each row to its length)
     # positions + 1, the kernel's per-row lengths: made once per step, not once per layer
     lengths: Tensor | None = None
+    # the word-timestamp readout (engine/alignment.py AlignProbe): the selected layers add
+    # their heads' attention over each row's text to its output; None: no readout
+    align: object | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.alignment import ALIGN_TOKENS
 from engine.device_state import DeviceState
 from engine.graphs import capture
 from engine.kernel_plan import KernelPlan
@@ -52,6 +53,11 @@ class Decoder:
         pin = st.cuda
         self.slots_host = torch.full((2, most), st.scratch_row, dtype=torch.long, pin_memory=pin)
         self.out_host = torch.zeros(2, most, 1 + c.num_codebooks, dtype=torch.long, pin_memory=pin)
+        # the word-timestamp readout (DeviceState.frame_step's align_out), copied with the frames
+        self.align_out = self.align_host = None
+        if st.align_heads is not None:
+            self.align_out = torch.zeros(most, ALIGN_TOKENS, dtype=torch.float32, device=dev)
+            self.align_host = torch.zeros(2, most, ALIGN_TOKENS, dtype=torch.float32, pin_memory=pin)
         self._parity = 0
         self._last_slots: list[int] | None = None
         # GPU seconds of the decode steps read so far, from each step's first kernel to its
@@ -90,6 +96,8 @@ class Decoder:
             parity = self._parity
             self._parity ^= 1
             self.out_host[parity, :n].copy_(self.out[:n], non_blocking=True)
+            if self.align_out is not None:
+                self.align_host[parity, :n].copy_(self.align_out[:n], non_blocking=True)
             event = None
             if st.cuda:
                 event = torch.cuda.Event(enable_timing=True)
@@ -103,8 +111,16 @@ class Decoder:
             self.gpu_s += handle.started.elapsed_time(handle.event) / 1000
         return self.out_host[handle.parity, : handle.batch].numpy().copy()
 
+    def read_alignment(self, handle: StepHandle) -> np.ndarray | None:
+        """The readout of a step read with read(): [batch, T] (None without one)."""
+        if self.align_host is None:
+            return None
+        return self.align_host[handle.parity, : handle.batch].numpy().copy()
+
     def _step(self, bucket: int, kv_len: int) -> None:
-        self.out[:bucket].copy_(self.state.frame_step(self.batch_slots[:bucket], self.fast, kv_len, self.plans[bucket]))
+        align = None if self.align_out is None else self.align_out[:bucket]
+        self.out[:bucket].copy_(self.state.frame_step(self.batch_slots[:bucket], self.fast, kv_len, self.plans[bucket],
+                                                      align))
 
     def _capture_graphs(self) -> None:
         """One graph per bucket, largest first (the shared memory pool is sized by it),

@@ -8,6 +8,8 @@ is the scratch row that padded batch entries point at):
     frame_index [rows]     the sampling noise counter
     windows [rows, W, C]   previous-frames window (int32)
     params [rows]          sampling settings
+    text_spans [rows, 2]   the current segment's text in the KV: (first position, tokens),
+                           set at its prefill; what the word-timestamp readout reads
 A frame step gathers its rows, runs one frame for all of them and scatters the results
 back, so consecutive steps chain on the device without the host.
 
@@ -26,6 +28,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
+from engine.alignment import AlignHeads, AlignProbe
 from engine.attention import gather_rows
 from engine.bundle import ModelBundle
 from engine.frame import decode_frame, new_window, push_window, sample_frame
@@ -43,7 +46,7 @@ def fuse_feed_forwards_(model) -> None:
 
 class DeviceState:
     def __init__(self, bundle: ModelBundle, streams: int, max_len: int, pages: int, page_size: int,
-                 kv_quant: str = "none") -> None:
+                 kv_quant: str = "none", align_heads: AlignHeads | None = None) -> None:
         self.bundle, self.model = bundle, bundle.model
         c = self.config = bundle.config
         self.device, self.dtype = bundle.device, bundle.dtype
@@ -60,6 +63,13 @@ class DeviceState:
         self.frame_index = torch.zeros(rows, dtype=torch.long, device=dev)
         self.windows = new_window(rows, c.sampling_window, c.num_codebooks, dev)
         self.params = SamplingTensors.allocate(rows, dev)
+        self.text_spans = torch.zeros(rows, 2, dtype=torch.long, device=dev)
+        # the readout's heads by layer (None: no readout): {id(layer's attention): heads [S]}
+        self.align_heads = align_heads
+        self.align_by_module = None if align_heads is None else {
+            id(self.model.layers[layer].attention): torch.tensor(sorted(h for l, h in align_heads.heads if l == layer),
+                                                                 dtype=torch.long, device=dev)
+            for layer in sorted({layer for layer, _ in align_heads.heads})}
         if self.cuda:
             # cuDNN's SDPA builds an execution plan per new (query, key) length: 0.7-1.5 s
             # per segment prefill on an H200; the other SDPA backends need none
@@ -93,6 +103,11 @@ class DeviceState:
         entries = staged.to(self.device, non_blocking=True)
         self.kv.page_table[entries[:, 0].long(), entries[:, 1].long()] = entries[:, 2]
 
+    def write_text_spans(self, spans: list[tuple[int, int, int]]) -> None:
+        """(row, first text position, text tokens) of just-prefilled segments."""
+        staged = self.staged(torch.tensor(spans, dtype=torch.long)).to(self.device, non_blocking=True)
+        self.text_spans.index_copy_(0, staged[:, 0], staged[:, 1:])
+
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         """Each (source, destination) page's keys and values, every layer."""
         index = self.staged(torch.tensor(pairs, dtype=torch.long)).to(self.device, non_blocking=True)
@@ -122,17 +137,24 @@ class DeviceState:
         self.frame_index.index_fill_(0, idx, 1)
         return frames
 
-    def frame_step(self, idx: Tensor, fast: FastCache, kv_len: int, plan: KernelPlan) -> Tensor:
+    def frame_step(self, idx: Tensor, fast: FastCache, kv_len: int, plan: KernelPlan,
+                   align_out: Tensor | None = None) -> Tensor:
         """One frame for the rows idx ([B]): each row's input frame at its position, the
         frame sampled, its state moved on. The decode step's body, and the prefill's
-        second frame (with its own fast cache)."""
+        second frame (with its own fast cache). `align_out` [B, T] (fp32): the word-timestamp
+        readout's output, each row's attention of the chosen heads over its text span
+        (engine/alignment.py), when the state has heads."""
+        probe = None
+        if align_out is not None and self.align_by_module is not None:
+            probe = AlignProbe(self.align_by_module, idx, self.text_spans, self.kv.page_table, align_out,
+                               kernel=plan.attention, pdl=plan.pdl)
         tokens = self.tokens[idx]
         windows = self.windows[idx]
         push_window(windows, tokens[:, 1:])  # the input frame joins the window before sampling
         positions = self.positions[idx]
         frame_index = self.frame_index[idx]
         out = decode_frame(self.model, self.kv, fast, tokens, idx, positions, kv_len, self.params.gather(idx), windows,
-                           frame_index, plan)
+                           frame_index, plan, probe)
         self.tokens.index_copy_(0, idx, out)
         self.windows.index_copy_(0, idx, windows)
         self.positions.index_copy_(0, idx, positions + 1)

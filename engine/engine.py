@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.alignment import SegmentAligner, WordClock, WordTiming, word_token_spans
+from engine.alignment import ALIGN_TOKENS, AlignHeads, SegmentAligner, WordClock, WordTiming, word_token_spans
 from engine.audio import AudioError, load_reference
 from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
@@ -186,8 +186,13 @@ class Engine:
                                  kernels=False if c.reference_kernels else None)
         self.kv_plan = kv = plan_kv(c, bundle.config, bundle.device, bundle.dtype)
         running = kv.max_running
+        # the word-timestamp readout runs for every stream (its cost does not depend on who
+        # asks); only streams with word_timestamps align on the host
+        mc = bundle.config
+        self.align_heads = AlignHeads.for_model(bundle.name, mc.n_layer, mc.n_head) if bench.alignment else None
         self.runner = Runner(bundle, running, c.max_len, plan, streams=c.max_streams, pages=kv.pages,
-                             page_size=kv.page_size, kv_quant=c.kv_quant, cuda_graphs=False if naive else None)
+                             page_size=kv.page_size, kv_quant=c.kv_quant, cuda_graphs=False if naive else None,
+                             align_heads=self.align_heads)
         self.pool = PagePool(kv.pages, kv.page_size)
         self.voices = VoiceCache(self.pool, max(1, c.voice_cache_bytes // kv.page_bytes))
         self.sched = Scheduler(running, c.max_queued, self.runner.max_len, serial=naive, max_streams=c.max_streams,
@@ -432,8 +437,9 @@ class Engine:
         if not handle.closed:
             handle.sink.on_ready(cached, (time.perf_counter() - t0) * 1000)
 
-    def _segment_tokens(self, work: PrefillWork) -> torch.Tensor:
-        """The previous turn's closing (if any) + this segment's prompt, [1 + C, T]."""
+    def _segment_tokens(self, work: PrefillWork) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """The previous turn's closing (if any) + this segment's prompt, [1 + C, T], and
+        where its text is: (row, first KV position, tokens up to ALIGN_TOKENS)."""
         prompts = self.bundle.prompts
         pieces = []
         if work.closing is not None:
@@ -441,7 +447,10 @@ class Engine:
                 pieces.append(torch.from_numpy(np.asarray(work.closing.cut_frame))[:, None])
             pieces.append(prompts.segment_end())
         pieces.append(prompts.segment(work.segment.text))
-        return torch.cat(pieces, dim=1)
+        tokens = torch.cat(pieces, dim=1)
+        first, n = prompts.segment_text_span(work.segment.text)
+        text_at = work.start + tokens.shape[1] - pieces[-1].shape[1] + first
+        return tokens, (work.stream.slot, text_at, min(n, ALIGN_TOKENS))
 
     def _prefill_segments(self, works: list[PrefillWork]) -> None:
         """Prefill segments of several streams in one batch (one stream's bad segment is
@@ -451,26 +460,27 @@ class Engine:
             prepared = {}
 
             def prepare(work, handle, prepared=prepared):
-                tokens = self._segment_tokens(work)
+                tokens, span = self._segment_tokens(work)
                 self.runner.check_room(work.start, tokens.shape[1])
                 with self._lock:  # the prompt and its first two frames' positions
                     if not self.sched.ensure_room(work.stream, work.start + tokens.shape[1] + 1):
                         raise EngineError("busy", "the KV cache is full: no room for this segment")
                     pages = list(work.stream.pages)
-                prepared["item"] = (work, tokens, handle.sampling_for_next_segment(), pages)
+                prepared["item"] = (work, tokens, handle.sampling_for_next_segment(), pages, span)
 
             if self._guarded(work, prepare):
                 items.append(prepared["item"])
         if not items:
             return
-        rows = [RowPages(w.stream.slot, pages, w.copies) for w, _, _, pages in items]
+        rows = [RowPages(w.stream.slot, pages, w.copies) for w, _, _, pages, _ in items]
+        spans = [span for *_, span in items] if self.align_heads is not None else []
         items = [item[:3] for item in items]
         timings = [w.stream.owner.timing.get(w.segment.turn) for w, _, _ in items]
         for t in timings:
             if t is not None:
                 t.append(time.perf_counter())
         try:
-            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items], rows)
+            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items], rows, spans)
         except Exception as e:  # the whole batch failed: every stream in it hears why
             for work, _, _ in items:
                 self._fail_work(work, e)
@@ -634,6 +644,7 @@ class Engine:
     def _read_step(self, handle, batch: list[Stream], segments: list[Segment]) -> None:
         self.decode_phases.to("wait")  # for the GPU to finish the step
         frames = self.runner.read(handle)
+        readout = self.runner.read_alignment(handle)  # [batch, T], or None
         self.decode_phases.to("emit")  # the frames to the scheduler and the codec's queue
         emitted = []
         with self._lock:
@@ -642,7 +653,7 @@ class Engine:
                 frame = frames[row]
                 outcome = self.sched.frame(stream, seg.id, frame, int(frame[0]) == self.im_end_id)
                 if outcome.emit or outcome.segment_done:
-                    emitted.append((stream, seg.turn, frame, outcome, seg, None))
+                    emitted.append((stream, seg.turn, frame, outcome, seg, None if readout is None else readout[row]))
             self.sched.step_read(batch)
             self._lock.notify_all()
         self._emit(emitted)

@@ -101,8 +101,9 @@ def decode_frame(
     window: Tensor,
     frame_index: Tensor,
     plan: KernelPlan = REFERENCE,
+    align=None,
 ) -> Tensor:
     """Feed each stream's previous frame (tokens [B, 1 + C]) at its position and sample
-    the next frame [B, 1 + C]."""
-    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, plan)
+    the next frame [B, 1 + C] (`align`: the word-timestamp readout, DecodeMeta.align)."""
+    head_logits, fast_in = model.decode_slow(tokens, slots, positions, kv_len, kv, plan, align)
     return sample_frame(model, fast, head_logits, fast_in, params, window, frame_index, plan)

@@ -155,12 +155,16 @@ class Attention(nn.Module):
             q = self._qkv_into_cache(x, cos_sin, k_cache.view(-1, 1, *k_cache.shape[2:]),
                                      v_cache.view(-1, 1, *v_cache.shape[2:]), meta.flat, 0, plan, codes)
             y = decode_cached(q, k_cache, v_cache, meta)
+            if meta.align is not None:
+                meta.align.read(self, q, k_cache)
         elif isinstance(meta, FastMeta) and plan.fused_qkv:
             q = self._qkv_into_cache(x, cos_sin, k_cache, v_cache, None, meta.step, plan, codes)
             y = fast_cached(q, k_cache, v_cache, meta)
         else:
             q, k, v = self.qkv(x, cos_sin, codes, plan)
             y = attend(q, k, v, k_cache, v_cache, meta)  # [B, S, H, Dh]
+            if isinstance(meta, DecodeMeta) and meta.align is not None:
+                meta.align.read(self, q, k_cache)
         return project(self.wo, y.reshape(b, s, self.n_head * self.head_dim), plan)
 
     def write_kv(self, x: Tensor, cos_sin: Tensor, k_cache: Tensor, v_cache: Tensor, meta: FastMeta,

@@ -137,12 +137,13 @@ class DualARModel(nn.Module):
 
     def decode_slow(
         self, tokens: Tensor, slots: Tensor, positions: Tensor, kv_len: int, kv: KVCache,
-        plan: KernelPlan = REFERENCE,
+        plan: KernelPlan = REFERENCE, align=None,
     ) -> tuple[Tensor, Tensor]:
         """One position for each of B streams. tokens: [B, 1 + C]; slots (page-table
-        rows), positions: [B]."""
+        rows), positions: [B]; `align`: the word-timestamp readout (DecodeMeta.align)."""
         flat = flat_positions(kv.page_table, kv.page_size, slots, positions)
-        meta = DecodeMeta(slots, positions, kv_len, kv.page_table, flat, plan, positions + 1 if plan.attention else None)
+        meta = DecodeMeta(slots, positions, kv_len, kv.page_table, flat, plan, positions + 1 if plan.attention else None,
+                          align)
         h, normed = self._slow(self.embed(tokens[:, :, None]), positions[:, None], kv, meta)
         return self._head(h[:, 0], normed[:, 0], plan)
 

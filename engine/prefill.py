@@ -127,11 +127,13 @@ class Prefiller:
     # --- segments --------------------------------------------------------------------
 
     @torch.inference_mode()
-    def segments(self, items: list[Item], rows: list[RowPages]) -> list[np.ndarray]:
+    def segments(self, items: list[Item], rows: list[RowPages],
+                 text_spans: list[tuple[int, int, int]] = ()) -> list[np.ndarray]:
         """Prefill several streams' segments together, each as it would be alone, and sample
         each one's first frame; returns them [1 + C] on the host (waiting for this prefill
         only) and leaves each row's decode state set. `rows`: the page-table rows (and
-        page copies) the segments are written through, set first."""
+        page copies) the segments are written through, set first; `text_spans`: (row, first
+        text position, text tokens) of each segment, for the word-timestamp readout."""
         if not 1 <= len(items) <= MAX_PREFILL_BATCH:
             raise ValueError(f"1 to {MAX_PREFILL_BATCH} segments per batched prefill, got {len(items)}")
         st = self.state
@@ -139,6 +141,8 @@ class Prefiller:
             st.check_room(start, tokens.shape[1])
         with self.lock, st.on_stream("prefill_stream"):
             self._write_rows(rows)
+            if text_spans:
+                st.write_text_spans(list(text_spans))
         return self._chunked_segments(items) if self.chunked else self._eager_segments(items)
 
     def _write_rows(self, rows: list[RowPages]) -> None:

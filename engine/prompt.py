@@ -118,6 +118,11 @@ class PromptBuilder:
             self.text(f"{IM_START}assistant\n{VOICE}"),
         ])
 
+    def segment_text_span(self, text: str) -> tuple[int, int]:
+        """Where `segment(text)` holds the text itself: (first token, tokens)."""
+        header = speaker_token(0) if self.config.prompt_format == "s1" else f"{IM_START}user\n"
+        return len(self.tok.encode(header)), len(self.tok.encode(normalize_text(text)))
+
     def segment_end(self) -> Tensor:
         """Closes a generated segment (its codes are already in the context)."""
         return self.text(IM_END if self.config.prompt_format == "s1" else f"{IM_END}\n")

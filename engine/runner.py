@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
+from engine.alignment import AlignHeads
 from engine.bundle import ModelBundle
 from engine.decode import Decoder, StepHandle
 from engine.device_state import DeviceState
@@ -27,17 +28,18 @@ class Runner:
     def __init__(
         self, bundle: ModelBundle, max_running: int, max_len: int, plan: KernelPlan | None = None, *,
         streams: int | None = None, pages: int | None = None, page_size: int = 16, kv_quant: str = "none",
-        cuda_graphs: bool | None = None, chunked_prefill: bool | None = None,
+        cuda_graphs: bool | None = None, chunked_prefill: bool | None = None, align_heads: AlignHeads | None = None,
     ) -> None:
         """`max_running`: the largest decode batch; `streams`: page-table rows (default
         max_running); `pages`: KV pages of `page_size` positions (None: every row its own
         pages for its whole length, set in its row now, for callers that manage no pages:
         tools and tests). `plan` None: every kernel that matches its reference on this
-        device (engine/kernel_plan.py)."""
+        device (engine/kernel_plan.py). `align_heads`: the word-timestamp readout's heads
+        (engine/alignment.py; None: no readout)."""
         streams = max_running if streams is None else streams
         per_row = -(-max_len // page_size)
         self.state = DeviceState(bundle, streams, max_len, 1 + streams * per_row if pages is None else pages, page_size,
-                                 kv_quant)
+                                 kv_quant, align_heads)
         st = self.state
         if pages is None:
             st.kv.page_table[:streams] = own_pages(streams, st.kv.page_table.shape[1]).to(st.device)
@@ -77,8 +79,9 @@ class Runner:
     def encode_audio(self, codec, wav: np.ndarray) -> Tensor:
         return self.prefiller.encode_audio(codec, wav)
 
-    def prefill_segments(self, items: list[Item], rows: list[RowPages] = ()) -> list[np.ndarray]:
-        return self.prefiller.segments(items, list(rows))
+    def prefill_segments(self, items: list[Item], rows: list[RowPages] = (),
+                         text_spans: list[tuple[int, int, int]] = ()) -> list[np.ndarray]:
+        return self.prefiller.segments(items, list(rows), text_spans)
 
     def prefill_segment(self, slot: int, start: int, tokens: Tensor, params) -> np.ndarray:
         return self.prefiller.segments([(slot, start, tokens, params)], [])[0]
@@ -92,3 +95,7 @@ class Runner:
 
     def read(self, handle: StepHandle) -> np.ndarray:
         return self.decoder.read(handle)
+
+    def read_alignment(self, handle: StepHandle) -> np.ndarray | None:
+        """The word-timestamp readout of a step already read: [batch, T], or None."""
+        return self.decoder.read_alignment(handle)

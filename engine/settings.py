@@ -20,6 +20,9 @@ class BenchSettings:
     gemv: bool = True  # False: single-stream steps on cuBLAS instead of kernels/gemv.py
     pdl: bool = True  # False: the batch-1 decode graph without programmatic dependent launch
     prefill_second_frame: bool = True  # False: a segment's second frame comes from the decode batch
+    # False: no word-timestamp readout in the decode step (its cost's A/B; issue 51); streams
+    # with word_timestamps then get the characters-over-frames estimate (engine/alignment.py)
+    alignment: bool = True
 
 
 @dataclass(slots=True)

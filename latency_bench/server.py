@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pdl", dest="pdl", action="store_false", help="no programmatic dependent launch")
     p.add_argument("--no-prefill-second-frame", dest="prefill_second_frame", action="store_false",
                    help="a segment's second frame comes from the decode batch")
+    p.add_argument("--no-alignment", dest="alignment", action="store_false",
+                   help="no word-timestamp readout in the decode step (its cost's A/B)")
     bench, rest = p.parse_known_args(argv)
     return serve(parse_args(rest, bench=BenchSettings(**vars(bench))))
 
