@@ -53,15 +53,15 @@ def test_the_word_being_heard_is_highlighted(page):
     assert now[0] is not None and now[0] == now[1] or now[1] is None  # (it may move on between the two reads)
     page.wait_for_function("demoStats.turnEnds.length >= 1", timeout=60_000)
     # the turn plays to its end (real time): then nothing is highlighted
-    page.wait_for_function("demoStats.highlighted === null && demoStats.highlights.length > 0"
-                           " && demoStats.words.length > 0", timeout=60_000)
+    page.wait_for_function("demoStats.bufferedMs === 0 && demoStats.highlights.length > 0", timeout=60_000)
+    assert stats(page)["highlighted"] is None
     s = stats(page)
     assert s["timestamps"] is True and s["alignments"] > 0 and s["errors"] == []
     words = s["words"]
     assert [w["text"] for w in words] == words_of(TEXT)
     seen = [h["i"] for h in s["highlights"]]
     assert seen == sorted(set(seen))  # in order, each once
-    assert len(seen) >= 0.8 * len(words)  # nearly every word (a 20 ms clock can step over a short one)
+    assert len(seen) >= 0.8 * len(words), (s["highlights"], words)  # nearly all (a 20 ms clock may skip a short one)
     for h in s["highlights"]:
         w = words[h["i"]]
         # the playback clock: when it was highlighted, the audio at the word's time was playing

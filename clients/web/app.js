@@ -45,6 +45,7 @@ function freshStats(keep = {}) {
     words: [], // {text, start, end}: the words so far, on the server's audio timeline (s)
     highlighted: null, // the word highlighted now
     highlights: [], // every word highlighted: {i, text, at (timeline s), ctx (AudioContext s)}
+    bufferedMs: 0, // audio scheduled, not yet played
     firstPlayCtx: null, // AudioContext time the first audio piece was scheduled at
     lastCancel: null, // the last `cancelled` event: {audio_seconds, last_word}
     ...keep,
@@ -608,6 +609,7 @@ setInterval(() => { // the caption follows the playback clock
   captions.tick(ctx.currentTime);
   stats.highlighted = captions.current >= 0 ? captions.words[captions.current].text : null;
   stats.highlights = captions.log;
+  stats.bufferedMs = player ? Math.round(player.bufferedSeconds * 1000) : 0; // 0: all played
 }, 20);
 
 setInterval(() => {
