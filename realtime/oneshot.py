@@ -21,7 +21,7 @@ from realtime.audio_out import AudioEncoder
 from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
-from realtime.timestamps import Alignment
+from realtime.timestamps import NO_CHUNK, Alignment
 
 
 class _QueueSink:
@@ -96,12 +96,9 @@ async def synthesize_sse(svc: Services, req: P.TTSRequest) -> AsyncIterator[byte
     event with empty audio for each snapshot no chunk carried (the final corrections).
     Errors as synthesize()."""
     async for data, snapshots in _synthesize(svc, req, timestamps=True):
-        for i, (_, fields) in enumerate(snapshots or [(1, _NO_CHUNK)]):
+        for i, (_, fields) in enumerate(snapshots or [(1, NO_CHUNK)]):
             audio = base64.b64encode(data if i == 0 else b"").decode("ascii")
             yield b"data: " + json.dumps({"audio_base64": audio} | fields).encode() + b"\n\n"
-
-
-_NO_CHUNK = {"content": "", "alignment": None, "chunk_seq": 0, "chunk_audio_offset_sec": 0.0}
 
 
 async def _synthesize(svc: Services, req: P.TTSRequest, timestamps: bool) -> AsyncIterator[tuple[bytes, list]]:

@@ -386,8 +386,7 @@ class LiveSession:
         if self.timestamps:
             self.alignment.set_released(self._encoder_seconds())
             snapshots = self.alignment.take()
-            if snapshots:
-                event |= snapshots[0][1]
+            event |= snapshots[0][1]
             self._send(event | {"time": round((now - self.opened_at) * 1000, 1)})
             self._send_snapshots(snapshots[1:])
         else:

@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 ROUND = 4  # decimals of the seconds sent (0.1 ms)
+NO_CHUNK = {"content": "", "alignment": None, "chunk_seq": 0, "chunk_audio_offset_sec": 0.0}
 
 
 def display_word(word: str) -> str:
@@ -108,6 +109,7 @@ class Alignment:
         self.released = 0.0  # seconds of decoded audio the client has, on its timeline
         self.shift = 0.0  # seconds of encoder output never sent (cancelled audio)
         self._current = 0  # lowest chunk not final: what events are labelled with
+        self._last_named: _Chunk | None = None  # the chunk of the last event
         self.closed = False  # every byte is sent (the last file flushed): all words count
 
     # --- what happens -----------------------------------------------------------------------
@@ -202,8 +204,8 @@ class Alignment:
     def take(self, repeat: bool = True) -> list[tuple[int, dict]]:
         """(turn, fields) for the audio event about to be sent, then for each empty audio
         event that must follow it (more snapshots, in chunk order). With nothing new, the
-        current chunk's latest snapshot again (`repeat`), as the docs allow; [] before any
-        chunk has audio."""
+        current chunk's latest snapshot again (`repeat`), as the docs allow (NO_CHUNK before
+        any chunk was heard; turn None)."""
         pending = []
         while self._current < len(self.chunks):
             chunk = self.chunks[self._current]
@@ -224,24 +226,25 @@ class Alignment:
             chunk.final = True
             self._current += 1
             self._forget(chunk)
-        if self.closed and self.chunks and self.chunks[-1].snapshot is not None:
-            # the encoder's last tail (flush) lengthens the audio of the last chunk only
-            last = self.chunks[-1]
+        last = self._last_named
+        if self.closed and last is not None and last.snapshot is not None \
+                and all(c.start is None for c in self.chunks[last.seq + 1:]):
+            # the encoder's last tail (flush) lengthens the audio of the last chunk heard only
             duration = round(max(0.0, self.released - self._seconds(last.start)), ROUND)
             if duration != last.snapshot["audio_duration"]:
                 last.snapshot = last.snapshot | {"audio_duration": duration}
                 pending.append((last.turn, self._fields(last, last.snapshot)))
         if not pending and repeat:
             label = self._label()
-            if label is not None:
-                pending.append((label.turn, self._fields(label, label.snapshot)))
+            # no chunk heard yet (a cancelled turn's encoder tail): the fields are required
+            pending.append((label.turn, self._fields(label, label.snapshot)) if label else (None, dict(NO_CHUNK)))
         return pending
 
     def _forget(self, chunk: _Chunk) -> None:
         """A long connection keeps only what later events need: the text of the last final
         chunk (events may repeat it) and the words of turns not yet final."""
-        if chunk.seq >= 1:
-            older = self.chunks[chunk.seq - 1]
+        older = self.chunks[chunk.seq - 1] if chunk.seq >= 1 else None
+        if older is not None and older is not self._last_named:
             older.text, older.sent, older.snapshot = "", None, None
         t = self.turns[chunk.turn]
         if t.ended and not t.open and all(c.turn != chunk.turn for c in self.chunks[chunk.seq + 1:]):
@@ -249,10 +252,10 @@ class Alignment:
 
     def _label(self) -> _Chunk | None:
         """The chunk events are labelled with when no snapshot is new: the current one if
-        its audio began, else the last final one."""
+        its audio began, else the last one an event named."""
         if self._current < len(self.chunks) and self.chunks[self._current].start is not None:
             return self.chunks[self._current]
-        return self.chunks[self._current - 1] if self._current else None
+        return self._last_named
 
     def _is_final(self, chunk: _Chunk) -> bool:
         """No word of the chunk will change: the audio is complete, or the turn was
@@ -293,6 +296,7 @@ class Alignment:
         return {"segments": segments, "audio_duration": round(max(0.0, self._end_seconds(chunk) - offset), ROUND)}
 
     def _fields(self, chunk: _Chunk, alignment: dict | None) -> dict:
+        self._last_named = chunk
         return {
             "content": chunk.text, "alignment": alignment, "chunk_seq": chunk.seq,
             "chunk_audio_offset_sec": round(max(0.0, self._seconds(chunk.start)), ROUND),

@@ -72,7 +72,7 @@ class DocClient:
         self.audio += audio
         content, alignment = event["content"], event["alignment"]
         seq, offset = event["chunk_seq"], event["chunk_audio_offset_sec"]
-        assert isinstance(content, str) and content
+        assert isinstance(content, str)
         assert isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0
         assert isinstance(offset, (int, float)) and offset >= 0
         assert seq >= self.last_seq and offset >= self.last_offset  # both never decrease
@@ -361,3 +361,51 @@ def test_encoder_counts_the_samples_a_decoder_plays(fmt, rate, speed):
     out += enc.flush()
     assert enc.released_samples == round(decoded_seconds(out, fmt, rate) * rate)
     assert enc.samples_in > x.size + RATE  # the drain's padding is input too
+
+
+# --- odd orders of events ---------------------------------------------------------------------------
+
+def test_random_turns_flushes_and_cancels_keep_the_snapshots_consistent(srv):
+    """Turns, empty flushes, cancels (before, during and after audio) in random orders: every
+    event still reads as the docs say (DocClient's checks), and the connection finishes."""
+    import random
+
+    rng = random.Random(51)
+    words = expected_words(TEXT)
+
+    async def one(actions: list[str]) -> tuple[DocClient, list]:
+        client = DocClient()
+        client.fmt = "pcm"
+        others = []
+        async with websockets.connect(srv.ws_url + "/with-timestamp", max_size=None) as ws:
+            await ws.send(msgpack.packb({"event": "start", "request": {"format": "pcm", "max_new_tokens": 30,
+                                                                       "chunk_length": 100}}))
+
+            async def reader():
+                async for frame in ws:
+                    m = msgpack.unpackb(frame)
+                    if m["event"] == "audio":
+                        client.on_event(m, m["audio"])
+                    else:
+                        others.append(m)
+
+            task = asyncio.create_task(reader())
+            for action in actions:
+                if action == "text":
+                    text = " ".join(rng.sample(words, rng.randint(1, 6))) + rng.choice([". ", ", ", " "])
+                    await ws.send(msgpack.packb({"event": "text", "text": text}))
+                else:
+                    await ws.send(msgpack.packb({"event": action}))
+                await asyncio.sleep(rng.choice([0, 0.05, 0.3]))
+            await ws.send(msgpack.packb({"event": "stop"}))
+            await asyncio.wait_for(task, 120)
+        return client, others
+
+    for _ in range(4):
+        actions = [rng.choice(["text", "text", "text", "flush", "cancel"]) for _ in range(rng.randint(3, 9))]
+        client, others = run(one(actions))
+        assert others[-1] == {"event": "finish", "reason": "stop"}, (actions, others[-3:])
+        assert not [e for e in others if e["event"] == "error"]
+        for e in others:
+            if e["event"] == "cancelled":
+                assert e["audio_seconds"] >= 0 and (e["last_word"] is None or e["last_word"]["text"])
