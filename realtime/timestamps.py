@@ -89,6 +89,7 @@ class _Turn:
     ended: bool = False  # all its audio was sent (turn end, finish or cancel)
     cancelled: bool = False  # its unsent audio was dropped: only heard words count
     open: deque = field(default_factory=deque)  # its chunks whose segment has not ended, in order
+    published: set[int] = field(default_factory=set)  # indices of its words in a snapshot sent
 
 
 class Alignment:
@@ -107,7 +108,8 @@ class Alignment:
         self.chunks: list[_Chunk] = []
         self.turns: dict[int, _Turn] = {}
         self.released = 0.0  # seconds of decoded audio the client has, on its timeline
-        self.shift = 0.0  # seconds of encoder output never sent (cancelled audio)
+        self.shift = 0.0  # seconds of encoder output never sent (cancelled audio), in all
+        self._shifts: list[tuple[int, float]] = []  # (from encoder input sample, self.shift there on)
         self._current = 0  # lowest chunk not final: what events are labelled with
         self._last_named: _Chunk | None = None  # the chunk of the last event
         self.closed = False  # every byte is sent (the last file flushed): all words count
@@ -146,10 +148,12 @@ class Alignment:
     def set_released(self, encoder_seconds: float) -> None:
         self.released = max(self.released, encoder_seconds - self.shift)
 
-    def drop_unsent(self, encoder_seconds: float) -> None:
-        """Encoder output up to encoder_seconds was thrown away (cancel): the client's
-        timeline goes on from what it has."""
+    def drop_unsent(self, encoder_seconds: float, pos: int) -> None:
+        """Encoder output up to encoder_seconds was thrown away (cancel), its input from
+        input sample `pos` on: the client's timeline goes on from what it has. Audio before
+        `pos` keeps its times."""
         self.shift = encoder_seconds - self.released
+        self._shifts.append((pos, self.shift))
 
     def close(self) -> None:
         """The audio is complete (the encoder flushed): every word gets into its final
@@ -169,7 +173,8 @@ class Alignment:
 
     def _seconds(self, pos: float) -> float:
         """Encoder input sample -> seconds on the client's timeline."""
-        return pos / self.input_rate / self.speed + self.delay_s - self.shift
+        shift = next((s for p, s in reversed(self._shifts) if pos >= p), 0.0)
+        return pos / self.input_rate / self.speed + self.delay_s - shift
 
     def turn_words(self, turn: int, heard: bool = True) -> list[Word]:
         """The turn's words (`heard`: those whose audio the client has), in order; seconds
@@ -188,10 +193,14 @@ class Alignment:
             start, end = w.start / self.speed, w.end / self.speed
             if not text:
                 continue
-            if sealed:
+            if sealed or (heard and i in t.published):
+                # sealed, or already in a snapshot (a snapshot only grows): a correction that
+                # moves its end past the audio sent waits for that audio
                 out.append(Word(i, text, min(start, limit), min(end, limit)))
             elif not heard or end <= limit + 1e-6:
                 out.append(Word(i, text, start, end))
+            else:
+                break  # words are heard in order: the rest is not heard yet
         return out
 
     def turn_seconds(self, turn: int) -> float:
@@ -249,6 +258,7 @@ class Alignment:
         t = self.turns[chunk.turn]
         if t.ended and not t.open and all(c.turn != chunk.turn for c in self.chunks[chunk.seq + 1:]):
             t.words.clear()
+            t.published.clear()
 
     def _label(self) -> _Chunk | None:
         """The chunk events are labelled with when no snapshot is new: the current one if
@@ -287,9 +297,11 @@ class Alignment:
     def _snapshot(self, chunk: _Chunk, final: bool) -> dict | None:
         offset = self._seconds(chunk.start)
         base = self._seconds(self.turns[chunk.turn].start) - offset  # the turn's start, from the chunk's
+        words = self._words_of(chunk, heard=True)
+        self.turns[chunk.turn].published.update(w.index for w in words)  # sent next, or already
         segments = [
             {"text": w.text, "start": round(base + w.start, ROUND), "end": round(base + w.end, ROUND)}
-            for w in self._words_of(chunk, heard=True)
+            for w in words
         ]
         if not segments and not final:
             return None
