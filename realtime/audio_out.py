@@ -135,6 +135,7 @@ class AudioEncoder(_Encoder):
                  opus_bitrate: int = 32, speed: float = 1.0, volume_db: float = 0.0) -> None:
         self._held = b""  # output not returned yet: fewer than MIN_CHUNK_BYTES
         self.released_samples = 0  # coded_samples of the bytes returned so far: what the client has
+        self._returned = False  # bytes of the current file were returned (its header is out)
         super().__init__(fmt, output_rate, input_rate, mp3_bitrate, opus_bitrate, speed, volume_db)
 
     def encode(self, pcm: np.ndarray) -> bytes:
@@ -144,17 +145,32 @@ class AudioEncoder(_Encoder):
             return b""
         self._held = b""
         self.released_samples = self.coded_samples
+        self._returned = True
         return out
 
     def drain(self) -> bytes:
         return self._release(super().drain())  # may run encode(): it returns or holds first
 
     def flush(self) -> bytes:
-        return self._release(super().flush())
+        out = self._release(super().flush())
+        self._returned = False  # the next encode() begins a new file
+        return out
+
+    def discard(self) -> bool:
+        """Barge-in: the audio inside is dropped, not sent. Once bytes of the file went out,
+        that is drain() with its output thrown away; before, the file starts over, so that
+        the next audio still carries the file's header (WAV, Ogg). True: it started over."""
+        if self._returned:
+            self.drain()
+            return False
+        self._held = b""
+        self._start()
+        return True
 
     def _release(self, tail: bytes) -> bytes:
         out, self._held = self._held + tail, b""
         self.released_samples = self.coded_samples
+        self._returned = self._returned or bool(out)
         return out
 
     def _new_sink(self):

@@ -333,8 +333,10 @@ class LiveSession:
         self._segment_chars.clear()
         heard = self._heard(dropped)  # before the audio still in the encoder is dropped
         pos = self.encoder.samples_in
-        self.encoder.drain()  # audio of the dropped turns still inside the encoder: discarded
-        self.alignment.drop_unsent(self._encoder_seconds(), pos)
+        if self.encoder.discard():  # audio of the dropped turns still inside the encoder: discarded
+            self.alignment.restart(self.encoder.samples_in)
+        else:
+            self.alignment.drop_unsent(self._encoder_seconds(), pos)
         if current_has_text:
             self.turn += 1
         self._send(P.cancelled_event(sorted(dropped), self.turn) | heard)

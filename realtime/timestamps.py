@@ -148,6 +148,12 @@ class Alignment:
     def set_released(self, encoder_seconds: float) -> None:
         self.released = max(self.released, encoder_seconds - self.shift)
 
+    def restart(self, pos: int) -> None:
+        """Nothing had been sent and the encoder started over (AudioEncoder.discard): the
+        input from sample `pos` on plays from the client's current end."""
+        self.shift = pos / self.input_rate / self.speed - self.released
+        self._shifts.append((pos, self.shift))
+
     def drop_unsent(self, encoder_seconds: float, pos: int) -> None:
         """Encoder output up to encoder_seconds was thrown away (cancel), its input from
         input sample `pos` on: the client's timeline goes on from what it has. Audio before

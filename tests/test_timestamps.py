@@ -412,3 +412,22 @@ def test_random_turns_flushes_and_cancels_keep_the_snapshots_consistent(srv):
         for e in others:
             if e["event"] == "cancelled":
                 assert e["audio_seconds"] >= 0 and (e["last_word"] is None or e["last_word"]["text"])
+
+
+@pytest.mark.parametrize("fmt", ["wav", "opus", "mp3"])
+def test_a_cancel_before_any_byte_went_out_keeps_the_files_header(fmt):
+    """Barge-in while the first audio is still held back (the 1,024-byte minimum, Opus
+    packets): the file starts over, so the next turn's bytes still begin with its header;
+    once bytes went out, the rest of the file goes on (drain, output dropped)."""
+    from realtime.audio_out import AudioEncoder
+
+    rate = 48000 if fmt == "opus" else RATE
+    enc = AudioEncoder(fmt, rate, RATE)
+    tone = (0.2 * np.sin(np.arange(RATE) * 2 * np.pi * 220 / RATE)).astype(np.float32)
+    assert enc.encode(tone[:300]) == b""  # held
+    assert enc.discard() is True and enc.released_samples == 0
+    out = b"".join(enc.encode(tone[i:i + 2048]) for i in range(0, RATE, 2048))
+    assert decoded_seconds(out, fmt, rate) == pytest.approx(enc.released_samples / rate)  # none of the first 300
+    assert enc.discard() is False  # bytes went out: drained, its output not sent
+    out += enc.encode(tone[:4096]) + enc.flush()
+    assert decoded_seconds(out, fmt, rate) > 1.0
