@@ -2,10 +2,13 @@
 
 A segment's words are the whitespace-separated pieces of the text Engine.say() received.
 Each maps to a span of the segment's text tokens (the prompt's tokens of the normalized
-text). An aligner per segment turns what each frame attends to into a monotonic path over
-those tokens, hence word start/end frames; the engine hands finished words (WordTiming)
-to the stream, which releases each one to its sink once the audio up to its end has been
-delivered (WordClock).
+text). Inside every decode step (CUDA graph included, no host sync), the chosen heads of
+the slow transformer read their attention over each row's text span (AlignProbe,
+kernels/text_attention.py; the span is device state set at the segment's prefill), and
+the host reads it with the step's frames. An aligner per segment turns it into a
+monotonic path over the tokens, hence word start/end frames; the engine hands finished
+words (WordTiming) to the stream, which releases each one to its sink once the audio up
+to its end has been delivered (WordClock). The heads are the model's (AlignHeads).
 
 Times: frame k of a segment is the audio [k hop + L, (k + 1) hop + L) of that segment, L
 the codec's lookahead in samples (engine/codec/streaming.py: a segment's audio is its
@@ -97,24 +100,32 @@ class AlignProbe:
 
 def word_token_spans(text: str, encode: Callable[[str], list[int]]) -> tuple[list[str], list[tuple[int, int]], int]:
     """The whitespace words of `text`, each one's [first, last + 1) among the tokens of
-    normalize_text(text), and that token count. Each word's end is found in the normalized
-    text (words normalize one by one as the whole does, spaces aside) and the tokens of the
-    text up to there are counted, so BPE pieces that cross no space map exactly; a word that
-    normalizes to nothing (an emoji) is an empty span where it stood."""
+    normalize_text(text), and that token count. Each word is found in the normalized text
+    (words normalize one by one as the whole does, spaces aside) and the tokens up to its
+    start and end are counted: byte offsets for a byte-level tokenizer (one token a byte),
+    else the encoding of the text up to there, so BPE pieces that cross no space map
+    exactly (a space opening a piece joins the word after it). A word that normalizes to
+    nothing (an emoji) is an empty span where it stood."""
     words = text.split()
     norm = normalize_text(text)
-    spans, cursor, count = [], 0, 0
+    total = len(encode(norm)) if norm else 0
+    if total == len(norm.encode()):
+        def count(prefix: str) -> int:
+            return len(prefix.encode())
+    else:
+        def count(prefix: str) -> int:
+            return len(encode(prefix)) if prefix else 0
+    spans, cursor, end = [], 0, 0
     for word in words:
         piece = normalize_text(word)
         at = norm.find(piece, cursor) if piece else -1
         if at < 0:  # nothing to find: an empty span at the cursor
-            spans.append((count, count))
+            spans.append((end, end))
             continue
-        first = count if at == cursor else len(encode(norm[:at]))
+        first = max(end, count(norm[:at].rstrip() if total != len(norm.encode()) else norm[:at]))
         cursor = at + len(piece)
-        count = len(encode(norm[:cursor]))
-        spans.append((min(first, count), count))
-    total = len(encode(norm)) if norm else 0
+        end = max(first, count(norm[:cursor]))
+        spans.append((first, end))
     return words, spans, total
 
 
@@ -136,43 +147,47 @@ class SegmentAligner:
     frame whose position reaches its first token (words reached in the same frame share it
     in equal parts) and ends where the next one starts, or END_SLACK frames after the path
     passed its last letter, whichever is first; once that frame is seen its timing is
-    final: the path is never revised, so no corrections are sent. The last word ends with
-    the segment (the attention reaches the text's end before its last syllables are
-    spoken), as do the words left at the segment's end; words the path never reached (a segment cut at its frame
-    budget) share the frames after the last reached one's start by their characters. A
-    segment without any readout (the readout off) is all such words."""
+    final: the path is never revised. The last word ends with the segment (the attention
+    reaches the text's end before its last syllables are spoken): it is sent END_SLACK
+    frames after the path passed its last letter, ending there, and corrected (the same
+    index, its end the segment's) when the segment ends. Words still open then end with it
+    too; words the path never reached (a segment cut at its frame budget) share the frames
+    after the last reached one's start by their characters. A segment without any readout
+    (the readout off) is all such words."""
 
-    def __init__(self, words: list[str], spans: list[tuple[int, int]], n_tokens: int, first_index: int,
-                 offset_samples: int, hop: int, lag: int, sample_rate: int) -> None:
-        """`offset_samples`: where the segment's audio starts in its turn; `lag`: the codec's
-        delay in samples (its lookahead, drained at the segment's end)."""
-        self.words, self.spans, self.n_tokens = words, spans, min(n_tokens, ALIGN_TOKENS)
+    def __init__(self, text: str, encode: Callable[[str], list[int]], first_index: int, offset_samples: int,
+                 hop: int, lag: int, sample_rate: int) -> None:
+        """`text` as say() got it, `encode` the tokenizer's; `offset_samples`: where the
+        segment's audio starts in its turn; `lag`: the codec's delay in samples (its
+        lookahead, drained at the segment's end)."""
+        self.text, self.encode = text, encode
+        self.words: list[str] | None = None  # with spans etc., made at the first readout (off the prefill's path)
         self.first_index = first_index
         self.offset, self.hop, self.lag, self.rate = offset_samples, hop, lag, sample_rate
-        # each word's last letter or digit token (its last token if it has none)
-        self.last_letter = [a + max([i for i, ch in enumerate(_token_chars(w, b - a)) if ch.isalnum()] or [b - a - 1])
-                            for w, (a, b) in zip(words, spans)]
         self.frames = 0
         self.pos = 0
         self.starts: list[float] = []  # start frame of the words reached so far
         self.passed: dict[int, int] = {}  # word -> the first frame past its last letter
-        self.sent = 0  # words handed out
+        self.sent = 0  # words handed out (final)
+        self.provisional: tuple[int, WordTiming] | None = None  # the last word, sent before its end was known
         self.readouts = 0
 
     def frame(self, attention: np.ndarray | None) -> list[tuple[int, WordTiming]]:
         """One emitted frame; returns the words it completed as (end sample, timing)."""
         k = self.frames
         self.frames += 1
+        if attention is None and self.words is None:  # a prefill frame: the path stays on the first token
+            return []
+        if self.words is None and k > 0:  # the prefill frames before it reached what the first token starts
+            self._prepare()
+            self._reach(0)
+        self._prepare()
         if attention is not None and self.n_tokens:
             self.readouts += 1
             ahead = attention[self.pos : min(self.n_tokens, self.pos + MAX_ADVANCE + 1)]
             if ahead.size:
                 self.pos += int(np.argmax(ahead))
-        reached = len(self.starts)
-        newly = 0
-        while reached + newly < len(self.words) and self.spans[reached + newly][0] <= self.pos:
-            newly += 1
-        self.starts += [k + j / newly for j in range(newly)]
+        self._reach(k)
         for i in range(self.sent, len(self.starts)):
             if i not in self.passed and self.pos > self.last_letter[i]:
                 self.passed[i] = k
@@ -188,10 +203,18 @@ class SegmentAligner:
                 break
             out.append(self._timing(i, self.starts[i], end))
             self.sent += 1
+        last = len(self.words) - 1
+        if (self.sent == last < len(self.starts) and self.provisional is None and last in self.passed
+                and self.frames >= self.passed[last] + END_SLACK):
+            # the last word is spoken: sent now (a barge-in knows it was heard), its end
+            # corrected at the segment's end
+            self.provisional = self._timing(last, self.starts[last], self.passed[last] + END_SLACK)
+            out.append(self.provisional)
         return out
 
     def finish(self) -> list[tuple[int, WordTiming]]:
         """The segment ended: every word not handed out yet."""
+        self._prepare()
         n = self.frames
         starts = list(self.starts)
         if len(starts) < len(self.words):  # words never reached share what is left by their characters
@@ -205,9 +228,27 @@ class SegmentAligner:
             end = starts[i + 1] if i + 1 < len(self.words) else n
             if i in self.passed and i + 1 < len(self.words):
                 end = min(end, self.passed[i] + END_SLACK)
-            out.append(self._timing(i, starts[i], max(starts[i], min(end, n))))
+            timing = self._timing(i, starts[i], max(starts[i], min(end, n)))
+            if timing != self.provisional:
+                out.append(timing)
         self.sent = len(self.words)
         return out
+
+    def _reach(self, k: int) -> None:
+        """The words the path reached in frame k start there, in equal parts of it."""
+        reached = len(self.starts)
+        newly = 0
+        while reached + newly < len(self.words) and self.spans[reached + newly][0] <= self.pos:
+            newly += 1
+        self.starts += [k + j / newly for j in range(newly)]
+
+    def _prepare(self) -> None:
+        if self.words is None:
+            self.words, self.spans, n_tokens = word_token_spans(self.text, self.encode)
+            self.n_tokens = min(n_tokens, ALIGN_TOKENS)
+            # each word's last letter or digit token (its last token if it has none)
+            self.last_letter = [a + max([i for i, ch in enumerate(_token_chars(w, b - a)) if ch.isalnum()]
+                                        or [b - a - 1]) for w, (a, b) in zip(self.words, self.spans)]
 
     @property
     def end_sample(self) -> int:

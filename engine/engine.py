@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.alignment import ALIGN_TOKENS, AlignHeads, SegmentAligner, WordClock, WordTiming, word_token_spans
+from engine.alignment import ALIGN_TOKENS, AlignHeads, SegmentAligner, WordClock, WordTiming
 from engine.audio import AudioError, load_reference
 from engine.bundle import ModelBundle
 from engine.codec_worker import CodecWorker
@@ -448,7 +448,7 @@ class Engine:
             pieces.append(prompts.segment_end())
         pieces.append(prompts.segment(work.segment.text))
         tokens = torch.cat(pieces, dim=1)
-        first, n = prompts.segment_text_span(work.segment.text)
+        first, n = prompts.segment_text_span(pieces[-1])
         text_at = work.start + tokens.shape[1] - pieces[-1].shape[1] + first
         return tokens, (work.stream.slot, text_at, min(n, ALIGN_TOKENS))
 
@@ -480,7 +480,8 @@ class Engine:
             if t is not None:
                 t.append(time.perf_counter())
         try:
-            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items], rows, spans)
+            frames = self.runner.prefill_segments([(w.stream.slot, w.start, tok, p) for w, tok, p in items], rows,
+                                                  spans)
         except Exception as e:  # the whole batch failed: every stream in it hears why
             for work, _, _ in items:
                 self._fail_work(work, e)
@@ -556,9 +557,8 @@ class Engine:
             for old in [t for t in handle.turn_words if t < turn]:
                 del handle.turn_words[old]
             index, offset = handle.turn_words.get(turn, (0, 0))
-            words, spans, n_tokens = word_token_spans(seg.text, self.bundle.tokenizer.encode)
-            aligner = handle.aligner = SegmentAligner(words, spans, n_tokens, index, offset, self.hop_length,
-                                                      self.codec.drain_samples, self.sample_rate)
+            aligner = handle.aligner = SegmentAligner(seg.text, self.bundle.tokenizer.encode, index, offset,
+                                                      self.hop_length, self.codec.drain_samples, self.sample_rate)
             handle.aligner_turn = turn
         words = aligner.frame(attention) if outcome.emit else []
         if outcome.segment_done:

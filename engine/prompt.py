@@ -50,6 +50,7 @@ class PromptBuilder:
         self.tok = tokenizer
         self.config = config
         self.num_codebooks = config.num_codebooks
+        self._pieces: tuple[int, int] | None = None  # segment(): tokens before and after the text
 
     # --- pieces ------------------------------------------------------------------------
 
@@ -118,10 +119,16 @@ class PromptBuilder:
             self.text(f"{IM_START}assistant\n{VOICE}"),
         ])
 
-    def segment_text_span(self, text: str) -> tuple[int, int]:
-        """Where `segment(text)` holds the text itself: (first token, tokens)."""
-        header = speaker_token(0) if self.config.prompt_format == "s1" else f"{IM_START}user\n"
-        return len(self.tok.encode(header)), len(self.tok.encode(normalize_text(text)))
+    def segment_text_span(self, segment: Tensor) -> tuple[int, int]:
+        """Where a `segment()` prompt holds its text: (first token, tokens). Its pieces are
+        tokenized one by one, so the text is what the fixed pieces around it leave."""
+        if self._pieces is None:
+            s1 = self.config.prompt_format == "s1"
+            header = speaker_token(0) if s1 else f"{IM_START}user\n"
+            trailer = [] if s1 else [f"{IM_END}\n", f"{IM_START}assistant\n{VOICE}"]
+            self._pieces = (len(self.tok.encode(header)), sum(len(self.tok.encode(t)) for t in trailer))
+        header, trailer = self._pieces
+        return header, segment.shape[1] - header - trailer
 
     def segment_end(self) -> Tensor:
         """Closes a generated segment (its codes are already in the context)."""

@@ -62,8 +62,8 @@ def _text_attention_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_d).to(tl.float32)
     table_row = table_ptr + slot * stride_t
-    m = tl.full((), float("-inf"), tl.float32)
-    l = tl.zeros((), tl.float32)
+    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)  # fp32 scalars, as the loop makes them
+    l = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     for t0 in range(0, T, BLOCK):
         offs = t0 + tl.arange(0, BLOCK)
         scores, _ = _text_scores(q, k_ptr, table_row, start, n, offs, kvh, stride_kp, stride_kpos, stride_kh, offs_d,
@@ -73,7 +73,7 @@ def _text_attention_kernel(
         l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(scores - m_safe), axis=0)
         m = m_new
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    inv = tl.where(l > 0, 1.0 / l, 0.0)
+    inv = 1.0 / tl.where(l > 0, l, 1.0)  # no text: every p below is 0 anyway
     for t0 in range(0, T, BLOCK):
         offs = t0 + tl.arange(0, BLOCK)
         scores, valid = _text_scores(q, k_ptr, table_row, start, n, offs, kvh, stride_kp, stride_kpos, stride_kh,

@@ -16,6 +16,9 @@ alignment fails, are skipped (counted). Printed:
   that holds speech.
 
     python -m latency_bench.word_timestamps --sentences 40 [--json out.json]
+    python -m latency_bench.word_timestamps --reference tests/fixtures/voice/speaker4.ogg \
+        --reference-text "The village of Barton was chiefly on one of these hills, and formed a \
+        pleasant view from the cottage windows."
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import re
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -34,12 +38,18 @@ from engine.bundle import load_bundle
 from engine.engine import Engine, EngineConfig, StreamParams
 from engine.sampling import SamplingParams
 from engine.settings import BenchSettings
-from engine.voice import VoiceInput
+from engine.voice import ReferenceInput, VoiceInput
 from latency_bench.__main__ import run_meta
-from training.corpus import plain_sentences
 
 ASR_RATE = 16_000
 FIRST_HELD_OUT = 30  # sentences before it chose the heads
+# the evaluation-only sentences (read here: latency_bench does not import training/)
+PLAIN_SENTENCES = Path(__file__).resolve().parent.parent / "training" / "plain_sentences.txt"
+
+
+def plain_sentences() -> list[str]:
+    lines = PLAIN_SENTENCES.read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 class ForcedAligner:
@@ -94,10 +104,10 @@ class _Sink:
         self.done.set()
 
 
-def speak(engine: Engine, text: str, seed: int) -> tuple[np.ndarray, list[WordTiming]]:
+def speak(engine: Engine, text: str, seed: int, voice: VoiceInput | None = None) -> tuple[np.ndarray, list[WordTiming]]:
     """One stream, one turn: the audio and the words, in index order."""
     sink = _Sink()
-    handle = engine.open(VoiceInput(), StreamParams(SamplingParams(seed=seed), frame_budget=600,
+    handle = engine.open(voice or VoiceInput(), StreamParams(SamplingParams(seed=seed), frame_budget=600,
                                                     word_timestamps=True), sink)
     try:
         if not sink.ready.wait(60):
@@ -143,19 +153,21 @@ def check_order(text: str, words: list[WordTiming], seconds: float) -> list[str]
     return problems
 
 
-def measure(sentences: int = 40, first: int = FIRST_HELD_OUT, alignment: bool = True, progress=None) -> dict:
+def measure(sentences: int = 40, first: int = FIRST_HELD_OUT, alignment: bool = True, progress=None,
+            voice: VoiceInput | None = None) -> dict:
+    """The figures above; `voice`: a cloned voice instead of the default one."""
     bundle = load_bundle("default", "cpu")
     rate = bundle.codec.sample_rate
     engine = Engine(bundle, EngineConfig(max_running=1, max_queued=1, max_len=1536,
                                          bench=BenchSettings(alignment=alignment))).start()
     asr = ForcedAligner()
-    texts = [item["text"] for item in plain_sentences()][first:]
+    texts = plain_sentences()[first:]
     starts, ends, gaps, outside, problems, skipped, used = [], [], [], [], [], 0, 0
     try:
         for i, text in enumerate(texts):
             if used == sentences:
                 break
-            audio, words = speak(engine, text, seed=first + i)
+            audio, words = speak(engine, text, first + i, voice)
             reference = asr.align(audio, rate, text)
             if reference is None:
                 skipped += 1
@@ -175,6 +187,7 @@ def measure(sentences: int = 40, first: int = FIRST_HELD_OUT, alignment: bool = 
     s, e = np.abs(starts), np.abs(ends)
     return {
         "sentences": used, "skipped_not_alignable": skipped, "words": len(starts), "alignment_readout": alignment,
+        "voice": "default" if voice is None else " + ".join(r.text for r in voice.references),
         "heads": [list(h) for h in engine.align_heads.heads] if engine.align_heads else None,
         "start_error_median_abs_s": round(float(np.median(s)), 4),
         "start_within_60ms": round(float(np.mean(s <= 0.060)), 4),
@@ -194,12 +207,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentences", type=int, default=40, help="held-out sentences to measure (at least 20)")
     p.add_argument("--no-alignment", dest="alignment", action="store_false",
                    help="the engine without its readout (the characters-over-frames estimate)")
+    p.add_argument("--reference", help="clone the voice of this audio file (with --reference-text)")
+    p.add_argument("--reference-text", help="what the reference audio says")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     if args.sentences < 20:
         p.error("--sentences must be at least 20 (the gate's minimum)")
-    figures = measure(args.sentences, alignment=args.alignment,
+    voice = None
+    if args.reference:
+        if not args.reference_text:
+            p.error("--reference needs --reference-text")
+        voice = VoiceInput((ReferenceInput(args.reference_text, Path(args.reference).read_bytes()),))
+    figures = measure(args.sentences, alignment=args.alignment, voice=voice,
                       progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(figures, indent=1))
     if args.json:

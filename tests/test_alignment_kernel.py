@@ -5,8 +5,6 @@ without one."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -15,8 +13,6 @@ from kernels.text_attention import text_attention, text_attention_reference
 from tests.paged_kv import to_pages
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
-                                  reason="Triton kernels run on a GPU or under TRITON_INTERPRET=1")
 
 
 def case(dtype, page=16, seed=0):
@@ -33,7 +29,6 @@ def case(dtype, page=16, seed=0):
     return q, keys, cache, table, slots, spans, heads
 
 
-@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_equals_reference_and_the_definition(dtype):
     q, keys, cache, table, slots, spans, heads = case(dtype)
@@ -63,3 +58,84 @@ def test_reference_reads_packed_fp8_caches():
     a = text_attention_reference(q, packed, table, slots, spans, heads, 64)
     b = text_attention_reference(q, plain, table2, slots, spans, heads, 64)
     assert (a - b).abs().max() < 0.1 and torch.allclose(a.sum(-1), b.sum(-1), atol=1e-4)
+
+
+def test_the_decode_step_reads_the_same_through_the_kernels_and_the_references():
+    """The readout inside a whole decode step (engine/device_state.py frame_step): the
+    Triton path (the plan's attention kernels, as on a GPU) and the PyTorch one give the
+    same frames and the same attention over each row's text; a row without a span reads
+    zeros."""
+    from engine.alignment import AlignHeads
+    from engine.bundle import load_bundle
+    from engine.kernel_plan import REFERENCE, KernelPlan
+    from engine.runner import Runner
+    from latency_bench.engine_bench import prepare_batch
+
+    bundle = load_bundle("tiny", DEVICE)
+    c = bundle.config
+    heads = AlignHeads(((0, 1), (c.n_layer - 1, 0), (c.n_layer - 1, c.n_head - 1)), "test")
+    out = {}
+    for name, plan in (("kernels", KernelPlan(attention=True)), ("reference", REFERENCE)):
+        runner = Runner(bundle, 4, 256, plan, align_heads=heads, cuda_graphs=False)
+        slots = prepare_batch(runner, 3, 120, 0, True)
+        runner.state.text_spans[torch.tensor(slots)] = torch.tensor([[10, 40], [0, 0], [50, 64]], device=DEVICE)
+        handle = runner.launch(slots, 128)
+        out[name] = (runner.read(handle), runner.read_alignment(handle))
+    (frames_k, align_k), (frames_r, align_r) = out["kernels"], out["reference"]
+    assert (frames_k == frames_r).all()
+    assert align_k.shape == (3, 256) and abs(align_k - align_r).max() < 1e-4
+    assert abs(align_k[0, :40].sum() - 3) < 1e-4 and not align_k[0, 40:].any()  # three heads, each summing to 1
+    assert not align_k[1].any() and abs(align_k[2, :64].sum() - 3) < 1e-4
+
+
+def step_launches(kernels: bool, heads, batch: int = 2, context: int = 40):
+    """Launches of one decode step at the s2-pro structure (latency_bench/launch_count.py),
+    the readout's Triton launcher counted as one."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    import engine.alignment as alignment
+    from engine.kernel_plan import KernelPlan
+    from engine.runner import Runner
+    from latency_bench.launch_count import _counting_triton_launchers, count_launches, narrow_bundle
+
+    plan = KernelPlan(attention=kernels, fused_qkv=kernels, step=kernels)
+    runner = Runner(narrow_bundle("s2-pro"), max_running=batch, max_len=context + 64, plan=plan, cuda_graphs=False,
+                    align_heads=heads)
+    runner.decoder.batch_slots[:batch] = torch.arange(batch)
+    runner.state.positions[:batch] = context
+    runner.state.text_spans[:batch] = torch.tensor([5, 20])
+    real = alignment.text_attention
+    with torch.no_grad():
+        runner.decoder._step(batch, context + 1)
+        with count_launches() as counts, _counting_triton_launchers(counts):
+            def counted(*args, **kwargs):
+                counts["triton text_attention"] += 1
+                mode = _get_current_dispatch_mode()
+                mode.paused += 1
+                try:
+                    return real(*args, **kwargs)
+                finally:
+                    mode.paused -= 1
+
+            alignment.text_attention = counted
+            try:
+                runner.decoder._step(batch, context + 1)
+            finally:
+                alignment.text_attention = real
+    return counts
+
+
+def test_the_readout_adds_two_launches_a_layer_and_no_host_sync():
+    """On the GPU's path the readout of one layer (the fallback: all heads of the middle
+    layer) is one Triton launch and the sum over its heads; on the reference path a
+    handful of gathers and a softmax. Neither syncs with the host."""
+    from engine.alignment import AlignHeads
+    from latency_bench.launch_count import launches, narrow_bundle, syncs
+
+    c = narrow_bundle("s2-pro").config
+    heads = AlignHeads.for_model(None, c.n_layer, c.n_head)
+    on, off = step_launches(True, heads), step_launches(True, None)
+    assert syncs(on) == 0 and launches(on) - launches(off) == 2, (on - off)
+    assert on["triton text_attention"] == 1 and on["aten.sum.IntList_out"] == off["aten.sum.IntList_out"] + 1
+    ref_on, ref_off = step_launches(False, heads), step_launches(False, None)
+    assert syncs(ref_on) == 0 and 0 < launches(ref_on) - launches(ref_off) <= 30, (ref_on - ref_off)

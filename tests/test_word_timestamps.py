@@ -1,11 +1,14 @@
 """Word timestamps through the engine (issue 51), on the CPU with the default voice: a
 stream that asks gets each word of its turn once, in order, with start < end, never before
-the audio that completes it and before its segment's end; streams that do not ask are
-unaffected."""
+the audio that completes it, at most one audio chunk after it, and before its segment's
+end; the timings match pocketsphinx's forced alignment of the same audio (the issue's
+gate, at the level measured); cancelled turns get no more words; a stream's words are the
+same alone and in a batch; streams that do not ask are unaffected."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from engine import WordTiming
 from engine.alignment import word_token_spans
 from engine.bundle import load_bundle
-from engine.engine import Engine, EngineConfig, StreamParams
+from engine.engine import BenchSettings, Engine, EngineConfig, StreamParams
 from engine.sampling import SamplingParams
 from engine.voice import VoiceInput
 
@@ -27,17 +30,22 @@ def bundle():
 
 @pytest.fixture(scope="module")
 def engine(bundle):
-    engine = Engine(bundle, EngineConfig(max_running=4, max_queued=4, max_len=1536)).start()
+    engine = tap(Engine(bundle, EngineConfig(max_running=4, max_queued=4, max_len=1536)).start())
+    yield engine
+    engine.stop()
+
+
+def tap(engine: Engine) -> Engine:
+    """A spy on the real codec worker: each stream's code frames, in its sink."""
     forward = engine.codec.frames
 
-    def frames(items):  # a spy on the real codec worker: each stream's code frames
+    def frames(items):
         for owner, _, _, codes in items:
             owner.sink.frames.append(np.array(codes))
         forward(items)
 
     engine.codec.frames = frames
-    yield engine
-    engine.stop()
+    return engine
 
 
 class Sink:
@@ -102,9 +110,17 @@ def test_word_spans_map_whitespace_words_to_their_tokens(bundle):
     norm = "Hello, wide's world! ok"
     assert total == len(encode(norm))
     assert [norm.encode()[a:b].decode() for a, b in spans] == ["Hello,", "wide's", "world!", "", "ok"]
+    # where the segment's prompt holds that text: what the readout reads (DeviceState.text_spans)
+    prompt = bundle.prompts.segment("  Hello,   wide\u2019s world! \U0001f600 ok")
+    first, n = bundle.prompts.segment_text_span(prompt)
+    assert prompt[0, first : first + n].tolist() == encode(norm) and n == total
 
 
 def test_each_word_once_in_order_after_its_audio_and_before_its_segment_end(engine, bundle):
+    """Two segments of one turn: the second one's words continue the first one's count and
+    its times the turn's audio; each on_words call comes after the on_audio that delivers
+    its words' ends, and no later than the one after it (or the segment's end); a
+    correction replaces its index."""
     texts = ["The quick brown fox jumps over the lazy dog.", "It was a bright cold day in April."]
     sink = speak(engine, texts, StreamParams(GREEDY, frame_budget=200, word_timestamps=True))
     rate = bundle.codec.sample_rate
@@ -116,28 +132,114 @@ def test_each_word_once_in_order_after_its_audio_and_before_its_segment_end(engi
     for a, b in zip(list(words.values()), list(words.values())[1:]):
         assert a.start < a.end <= b.start + 1e-9 < b.end, (a, b)
     assert words[len(expected) - 1].end <= total + 1e-9
-    # each delivery comes after the audio up to its words' ends; a segment's words before its end
-    heard, ends = 0, 0
-    for kind, _, payload in sink.events:
+    # each segment's last word comes as soon as it is spoken, then its end is corrected
+    assert check_delivery(sink.events, rate, first_segment_words=len(texts[0].split())) >= 1
+
+
+def check_delivery(events: list, rate: int, first_segment_words: int) -> int:
+    """Each on_words call after the audio up to its words' ends, and at most one on_audio
+    call after the one that first covered a word's end; the first segment's words all
+    before its end, none of the second's; a word sent again (a correction) keeps its text
+    and start and ends later. Returns how many corrections came."""
+    heard, ends, before_end, seen, corrections = [0], 0, set(), {}, 0
+    for kind, _, payload in events:
         if kind == "audio":
-            heard += len(payload)
+            heard.append(heard[-1] + len(payload))
         elif kind == "words":
-            assert all(w.end * rate <= heard + 1 for w in payload), (heard, payload)
-            assert all(w.index < len(texts[0].split()) for w in payload) or ends == 1
+            for w in payload:
+                if w.index in seen:  # a correction replaces the word of its index: a later end
+                    old = seen[w.index]
+                    assert (w.text, w.start) == (old.text, old.start) and w.end > old.end, (old, w)
+                    corrections += 1
+                seen[w.index] = w
+                end = round(w.end * rate)
+                assert end <= heard[-1] + 1, (heard[-1], w)
+                covered = next(i for i, h in enumerate(heard) if h + 1 >= end)  # audio calls that covered it
+                assert len(heard) - 1 - covered <= 1, (w, covered, len(heard) - 1)
+                if ends == 0:
+                    before_end.add(w.index)
         else:
             ends += 1
-    segment_two = [e for e in sink.events if e[0] == "end"]
-    assert len(segment_two) == 2
+    assert before_end == set(range(first_segment_words)), before_end
+    return corrections
 
 
-def test_streams_without_the_flag_get_no_words_and_the_same_audio(engine):
+def test_streams_without_the_flag_get_no_words_and_the_same_audio(engine, bundle):
+    """Also the same frames as an engine without the readout (BenchSettings.alignment off):
+    reading the attention changes nothing the model computes."""
     text = "A short plain sentence."
     plain = speak(engine, [text], StreamParams(GREEDY, frame_budget=120))
     timed = speak(engine, [text], StreamParams(GREEDY, frame_budget=120, word_timestamps=True))
     assert not any(e[0] == "words" for e in plain.events)
+    before = tap(Engine(bundle, EngineConfig(max_running=4, max_queued=4, max_len=1536,
+                                             bench=BenchSettings(alignment=False))).start())
+    try:
+        without = speak(before, [text], StreamParams(GREEDY, frame_budget=120))
+    finally:
+        before.stop()
+    assert len(without.frames) == len(plain.frames) and all(np.array_equal(a, b) for a, b in zip(without.frames,
+                                                                                                  plain.frames))
     assert len(plain.frames) == len(timed.frames) > 10
     assert all(np.array_equal(a, b) for a, b in zip(plain.frames, timed.frames))
     # the same samples up to the codec's batching (float rounding)
     assert len(plain.audio(1)) == len(timed.audio(1))
     assert np.allclose(plain.audio(1), timed.audio(1), atol=1e-4)
     assert len(timed.words(1)) == len(text.split())
+
+
+def test_a_cancelled_turn_gets_no_more_words_and_the_next_turn_counts_afresh(engine, bundle):
+    sink = Sink(ends=1)
+    handle = engine.open(VoiceInput(), StreamParams(GREEDY, frame_budget=300, word_timestamps=True), sink)
+    try:
+        assert sink.ready.wait(60)
+        engine.say(handle, 1, "This first reply is long enough to be cut off in the middle of a word or two.")
+        deadline = time.monotonic() + 60
+        while not any(e[0] == "audio" for e in sink.events) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        engine.cancel(handle)
+        cut = len(sink.events)
+        time.sleep(0.5)
+        assert not any(e[0] == "words" and e[1] == 1 for e in sink.events[cut:]), sink.events[cut:]
+        engine.say(handle, 2, "Then a short one.")
+        assert sink.done.wait(120) and not sink.errors
+    finally:
+        engine.close(handle)
+    words = sink.words(2)
+    assert [words[i].text for i in sorted(words)] == ["Then", "a", "short", "one."] and sorted(words) == [0, 1, 2, 3]
+    audio = sink.audio(2)
+    assert 0 <= words[0].start < 0.3 and words[3].end <= len(audio) / bundle.codec.sample_rate + 1e-9
+
+
+def test_words_are_the_same_alone_and_in_a_batch(engine):
+    texts = ["Good morning, how are you today?", "The weather is lovely.", "Please close the window."]
+    params = lambda: StreamParams(GREEDY, frame_budget=150, word_timestamps=True)  # noqa: E731
+    alone = [speak(engine, [t], params()).words(1) for t in texts]
+    sinks = [Sink() for _ in texts]
+    handles = [engine.open(VoiceInput(), params(), s) for s in sinks]
+    try:
+        for s in sinks:
+            assert s.ready.wait(60)
+        for h, t in zip(handles, texts):
+            engine.say(h, 1, t)
+        for s in sinks:
+            assert s.done.wait(120) and not s.errors
+    finally:
+        for h in handles:
+            engine.close(h)
+    assert [s.words(1) for s in sinks] == alone
+
+
+def test_accuracy_against_pocketsphinx_forced_alignment():
+    """The issue's gate on 20 held-out sentences (latency_bench.word_timestamps; sentences
+    0-29 chose the heads): median word-start error <= 60 ms and 90% within 150 ms, asserted
+    at the measured level (24 ms, 97%; the characters-over-frames estimate measures 85 ms
+    and 72%); each word once, in order; no speech outside the words' spans but breaths."""
+    from latency_bench.word_timestamps import measure
+
+    r = measure(20)
+    assert r["sentences"] == 20 and r["words"] >= 150, r
+    assert r["start_error_median_abs_s"] <= 0.035, r
+    assert r["start_within_150ms"] >= 0.95 and r["start_within_60ms"] >= 0.85, r
+    assert r["end_error_median_abs_s"] <= 0.040, r
+    assert not r["order_problems"], r
+    assert r["speech_energy_outside_words_max"] <= 0.08 and r["longest_speech_outside_words_s"] <= 0.1, r
