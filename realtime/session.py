@@ -334,7 +334,7 @@ class LiveSession:
         heard = self._heard(dropped)  # before the audio still in the encoder is dropped
         pos = self.encoder.samples_in
         if self.encoder.discard():  # audio of the dropped turns still inside the encoder: discarded
-            self.alignment.restart(self.encoder.samples_in)
+            self.alignment.restart(self.encoder.samples_in, self._encoder_seconds())
         else:
             self.alignment.drop_unsent(self._encoder_seconds(), pos)
         if current_has_text:

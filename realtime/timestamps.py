@@ -108,8 +108,9 @@ class Alignment:
         self.chunks: list[_Chunk] = []
         self.turns: dict[int, _Turn] = {}
         self.released = 0.0  # seconds of decoded audio the client has, on its timeline
-        self.shift = 0.0  # seconds of encoder output never sent (cancelled audio), in all
-        self._shifts: list[tuple[int, float]] = []  # (from encoder input sample, self.shift there on)
+        self.out_shift = 0.0  # seconds of encoder output never sent (cancelled audio), in all
+        self.in_offset = 0.0  # input seconds less encoder output seconds (the encoder started over)
+        self._shifts: list[tuple[int, float]] = []  # (from encoder input sample, the two above summed)
         self._current = 0  # lowest chunk not final: what events are labelled with
         self._last_named: _Chunk | None = None  # the chunk of the last event
         self.closed = False  # every byte is sent (the last file flushed): all words count
@@ -146,20 +147,20 @@ class Alignment:
                 t.words[w.index] = w
 
     def set_released(self, encoder_seconds: float) -> None:
-        self.released = max(self.released, encoder_seconds - self.shift)
+        self.released = max(self.released, encoder_seconds - self.out_shift)
 
-    def restart(self, pos: int) -> None:
-        """Nothing had been sent and the encoder started over (AudioEncoder.discard): the
-        input from sample `pos` on plays from the client's current end."""
-        self.shift = pos / self.input_rate / self.speed - self.released
-        self._shifts.append((pos, self.shift))
+    def restart(self, pos: int, encoder_seconds: float) -> None:
+        """Nothing of the file had been sent and the encoder started over
+        (AudioEncoder.discard): the input from sample `pos` on plays from encoder_seconds."""
+        self.in_offset = pos / self.input_rate / self.speed - encoder_seconds
+        self._shifts.append((pos, self.in_offset + self.out_shift))
 
     def drop_unsent(self, encoder_seconds: float, pos: int) -> None:
         """Encoder output up to encoder_seconds was thrown away (cancel), its input from
         input sample `pos` on: the client's timeline goes on from what it has. Audio before
         `pos` keeps its times."""
-        self.shift = encoder_seconds - self.released
-        self._shifts.append((pos, self.shift))
+        self.out_shift = encoder_seconds - self.released
+        self._shifts.append((pos, self.in_offset + self.out_shift))
 
     def close(self) -> None:
         """The audio is complete (the encoder flushed): every word gets into its final

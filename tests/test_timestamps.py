@@ -431,3 +431,55 @@ def test_a_cancel_before_any_byte_went_out_keeps_the_files_header(fmt):
     assert enc.discard() is False  # bytes went out: drained, its output not sent
     out += enc.encode(tone[:4096]) + enc.flush()
     assert decoded_seconds(out, fmt, rate) > 1.0
+
+
+@pytest.mark.parametrize("sent_before_cancel", [False, True])
+def test_times_after_a_cancel_are_those_of_the_audio_sent(sent_before_cancel):
+    """The session's bookkeeping on its own (real encoder, engine-like word timings): a turn
+    cancelled with its audio held back (the file starts over) or partly sent (the rest is
+    dropped), then a turn with a click: the click's word is where the click is in the bytes
+    the client got, at 24 kHz and speed 1.25."""
+    from engine import WordTiming
+    from realtime.audio_out import AudioEncoder
+    from realtime.timestamps import Alignment
+
+    rate, speed = 24000, 1.25
+    enc = AudioEncoder("wav", rate, RATE, speed=speed)
+    a = Alignment(RATE, rate, speed, enc.decoder_delay)
+    sent = b""
+
+    def feed(turn: int, x: np.ndarray) -> bytes:
+        out = b""
+        for i in range(0, x.size, 2048):
+            a.audio(turn, x[i:i + 2048].size, enc.samples_in)
+            out += enc.encode(x[i:i + 2048])
+        return out
+
+    noise = (np.random.default_rng(1).random(RATE if sent_before_cancel else 300, dtype=np.float32) - 0.5) * 0.01
+    a.segment(1, "lost words")
+    sent += feed(1, noise)
+    assert bool(sent) == sent_before_cancel
+    a.set_released(enc.released_samples / rate)  # as the session does at each audio event
+    a.end_turn(1, cancelled=True)
+    pos = enc.samples_in
+    if enc.discard():
+        a.restart(enc.samples_in, enc.released_samples / rate)
+    else:
+        a.drop_unsent(enc.released_samples / rate, pos)
+    turn2 = np.zeros(RATE, np.float32)
+    turn2[RATE // 2:RATE // 2 + 441] = 0.9  # a 10 ms click at 0.5 s of the turn's engine audio
+    a.segment(2, "the click")
+    sent += feed(2, turn2)
+    a.words(2, [WordTiming(0, "the", 0.0, 0.5), WordTiming(1, "click.", 0.5, 0.51)])
+    a.segment_end(2)
+    sent += enc.drain()
+    a.end_turn(2)
+    a.set_released(enc.released_samples / rate)
+    snapshots = [f for _, f in a.take()]
+    last = snapshots[-1]
+    assert last["content"] == "the click" and [s["text"] for s in last["alignment"]["segments"]] == ["the", "click"]
+    click_at = last["chunk_audio_offset_sec"] + last["alignment"]["segments"][1]["start"]
+    with av.open(io.BytesIO(sent)) as c:
+        y = np.concatenate([f.to_ndarray()[0] for f in c.decode(audio=0)])
+    assert abs(np.argmax(np.abs(y)) / rate - click_at) < 0.02  # atempo's ~10 ms
+    assert abs(last["chunk_audio_offset_sec"] + last["alignment"]["audio_duration"] - y.size / rate) < FRAME_S
