@@ -197,7 +197,7 @@ class Alignment:
         for i in sorted(t.words):
             w = t.words[i]
             text = display_word(w.text)
-            start, end = w.start / self.speed, w.end / self.speed
+            start, end = float(w.start) / self.speed, float(w.end) / self.speed  # numpy floats: JSON cannot
             if not text:
                 continue
             if sealed or (heard and i in t.published):
