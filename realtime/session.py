@@ -346,7 +346,7 @@ class LiveSession:
         `last_word`, the last word whose audio it has, and their final snapshots."""
         a = self.alignment
         a.set_released(self._encoder_seconds())
-        heard = {"audio_seconds": round(sum(a.turn_seconds(t) for t in dropped), 4)}
+        heard = {"audio_seconds": round(a.seconds_since(dropped), 4)}
         if not self.timestamps:
             return heard
         words = [(t, w) for t in sorted(dropped) for w in a.turn_words(t)]

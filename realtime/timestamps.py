@@ -210,10 +210,11 @@ class Alignment:
                 break  # words are heard in order: the rest is not heard yet
         return out
 
-    def turn_seconds(self, turn: int) -> float:
-        """Seconds of the turn's audio the client has."""
-        t = self.turns.get(turn)
-        return 0.0 if t is None or t.start is None else max(0.0, self.released - self._seconds(t.start))
+    def seconds_since(self, turns: list[int]) -> float:
+        """Seconds of audio the client has from the first of `turns` that has audio on (the
+        turns a cancel drops are the last ones: their audio is all that came since)."""
+        starts = [self.turns[t].start for t in turns if t in self.turns and self.turns[t].start is not None]
+        return max(0.0, self.released - self._seconds(min(starts))) if starts else 0.0
 
     # --- snapshots ----------------------------------------------------------------------------
 
