@@ -12,6 +12,11 @@ The public methods (open / say / cancel / close) are called from the service's e
 loop; they only update the scheduler under a lock and wake the threads, never wait for
 model work. Results go to each stream's sink from the worker threads; the sink must hand
 them to its own thread (the service uses one mailbox per event loop, realtime/mailbox.py).
+
+Word timestamps (StreamParams.word_timestamps, engine/alignment.py): every decode step
+reads the chosen heads' attention over each row's text with its frames; the thread that
+emits a frame aligns it, and the codec thread hands each word to the sink (on_words)
+once the audio up to its end went out.
 """
 
 from __future__ import annotations
