@@ -2,8 +2,8 @@
 service. They speak to the service only through its public protocol."""
 
 from clients.client import (
-    DEFAULT_URL, AudioChunk, Cancelled, Event, Finished, ReadyInfo, Speech, SpeechResult, TurnEnd, TurnTiming,
-    VoiceSession, connect,
+    DEFAULT_URL, AudioChunk, Cancelled, ChunkAlignment, Event, Finished, ReadyInfo, Speech, SpeechResult, TurnEnd,
+    TurnTiming, VoiceSession, Word, connect,
 )
 from clients.errors import (
     BadReferenceAudio, ClientTimeout, ConnectFailed, ConnectionLost, InternalServerError, InvalidRequest,
@@ -12,7 +12,7 @@ from clients.errors import (
 
 __all__ = [
     "DEFAULT_URL", "AudioChunk", "Cancelled", "Event", "Finished", "ReadyInfo", "Speech", "SpeechResult",
-    "TurnEnd", "TurnTiming", "VoiceSession", "connect",
+    "TurnEnd", "TurnTiming", "VoiceSession", "Word", "ChunkAlignment", "connect",
     "BadReferenceAudio", "ClientTimeout", "ConnectFailed", "ConnectionLost", "InternalServerError",
     "InvalidRequest", "RequestTooLarge", "ServerBusy", "ServerTimeout", "Unauthorized", "UnknownVoice",
     "VoiceServiceError",

@@ -5,7 +5,8 @@
     python -m clients speak --text "Hi." --reference me.wav --reference-text "what I say in me.wav" --out hi.mp3 --format mp3
 
 With --stdin each line is sent as soon as it is read (like an LLM emitting tokens) and the
-turn is flushed at the end of input. Audio is written as it arrives; timings go to stderr,
+turn is flushed at the end of input. --timestamps uses /v1/tts/live/with-timestamp and prints
+each word's start and end (seconds into the audio) to stderr. Audio is written as it arrives; timings go to stderr,
 never to stdout. Exit status: 0 done, 1 an error (one line on stderr), 2 bad arguments.
 """
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--open-timeout", type=float, default=60.0, help="seconds for the handshake and voice prefill")
     s.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the next server event")
     s.add_argument("--quiet", action="store_true", help="no timings on stderr")
+    s.add_argument("--timestamps", action="store_true", help="print each word's start and end (s) to stderr")
     return p
 
 
@@ -96,7 +98,7 @@ async def speak(args: argparse.Namespace) -> int:
             format=args.format, sample_rate=args.sample_rate, reference_id=args.voice,
             references=references or None, latency=args.latency, chunk_length=args.chunk_length,
             temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-            ignore_end=args.ignore_end or None,
+            ignore_end=args.ignore_end or None, timestamps=args.timestamps,
         ) as session:
             if not args.quiet:
                 _report_ready(session)
@@ -109,6 +111,9 @@ async def speak(args: argparse.Namespace) -> int:
                 out.write(chunk.data)
             if not args.quiet:
                 _report_turn(speech.result.timing, out, time.perf_counter() - started)
+            if args.timestamps and speech.result.turn is not None:
+                for w in session.words(speech.result.turn):  # the final snapshots came before `finish`
+                    _info(f"{w.start:8.3f} {w.end:8.3f}  {w.text}")
         ok = True
     finally:
         out.close(keep=ok or out.bytes > 0)

@@ -11,6 +11,11 @@
 
         await session.cancel()                             # barge-in: drop the current turn
 
+    async with connect(url, timestamps=True) as session:   # /v1/tts/live/with-timestamp
+        result = await session.speak("Hello there.")
+        for word in result.words:                          # Word(text, start, end), seconds
+            print(word.start, word.end, word.text)         # from the turn's first audio
+
 A background task reads every server frame as it arrives (so `received_at` and the timings
 are exact even when the caller is slow to consume) and queues typed events: `AudioChunk`,
 `TurnEnd`, `Cancelled`, `Finished`. Read them with `events()`, `audio()` or `speak()`, one
@@ -57,14 +62,34 @@ class ReadyInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Word:
+    text: str  # the word, without its leading and trailing punctuation
+    start: float  # seconds from the start of its turn's audio
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkAlignment:
+    """The latest alignment snapshot of one text chunk (timestamp sessions)."""
+
+    chunk_seq: int
+    turn: int
+    content: str  # the chunk's text
+    offset: float  # chunk_audio_offset_sec: its start in all the session's audio
+    audio_duration: float
+    segments: tuple[dict, ...]  # {text, start, end}, seconds from the chunk's start
+
+
+@dataclass(frozen=True, slots=True)
 class AudioChunk:
-    data: bytes  # encoded audio in the session's format (pcm: s16le mono)
+    data: bytes  # encoded audio in the session's format (pcm: s16le mono); b"": an alignment only
     turn: int
     seq: int  # per session, from 1
     samples: int  # audio in this chunk, at sample_rate
     sample_rate: int
     gen_ms: float  # server side: from the turn's first segment reaching the engine to this chunk
     received_at: float  # time.perf_counter() when the frame arrived
+    chunk_seq: int | None = None  # timestamp sessions: the chunk the event's alignment is of
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +105,8 @@ class Cancelled:
     turns: tuple[int, ...]  # every turn whose audio was dropped (empty: nothing was playing)
     received_at: float
     index: int  # this is the session's index-th cancel (from 1)
+    audio_seconds: float | None = None  # audio of those turns the server had sent
+    last_word: Word | None = None  # timestamp sessions: the last word whose audio was sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +153,7 @@ class SpeechResult:
     timing: TurnTiming | None = None
     audio_seconds: float | None = None  # from turn_end
     cancelled: bool = False
+    words: list[Word] = field(default_factory=list)  # timestamp sessions: the turn's words heard
 
     @property
     def audio(self) -> bytes:
@@ -170,6 +198,9 @@ class VoiceSession:
         self._finished = False
         self._closed = False
         self._senders: set[asyncio.Task] = set()
+        # timestamp sessions: the latest snapshot of each chunk (the docs: replace, never append)
+        self.alignments: dict[int, ChunkAlignment] = {}
+        self._chunk_turn: dict[int, int] = {}  # a chunk's turn: that of the first event naming it
         self._reader = asyncio.create_task(self._read_loop())
 
     # --- sending ---------------------------------------------------------------------------
@@ -266,6 +297,16 @@ class VoiceSession:
             if isinstance(event, AudioChunk):
                 yield event
 
+    def words(self, turn: int) -> list[Word]:
+        """The turn's words so far (timestamp sessions), on the turn's own timeline: seconds
+        from its first audio sample, the start of its audio in `SpeechResult.audio`."""
+        chunks = [a for a in self.alignments.values() if a.turn == turn]
+        if not chunks:
+            return []
+        base = min(a.offset for a in chunks)
+        return [Word(s["text"], a.offset - base + s["start"], a.offset - base + s["end"])
+                for a in sorted(chunks, key=lambda a: a.chunk_seq) for s in a.segments]
+
     async def _next(self) -> Event | _SpeakDone | None:
         """The next queued item; None once the connection ended cleanly."""
         while True:
@@ -337,11 +378,22 @@ class VoiceSession:
         if data:
             timing = self._timing(turn)
             timing.first_audio_at = timing.first_audio_at or now
+        seq = ev.get("chunk_seq")
+        if isinstance(seq, int):
+            self._on_alignment(seq, turn, ev)
         self._queue.put_nowait(AudioChunk(
             data=data, turn=turn, seq=int(ev.get("seq", 0)), samples=int(ev.get("samples", 0)),
             sample_rate=int(ev.get("sample_rate", self.ready.sample_rate if self.ready else 0)),
-            gen_ms=float(ev.get("gen_ms", 0.0)), received_at=now,
+            gen_ms=float(ev.get("gen_ms", 0.0)), received_at=now, chunk_seq=seq if isinstance(seq, int) else None,
         ))
+
+    def _on_alignment(self, seq: int, turn: int, ev: dict) -> None:
+        turn = self._chunk_turn.setdefault(seq, turn)
+        alignment = ev.get("alignment")
+        if isinstance(alignment, dict):  # null keeps the snapshot already there
+            self.alignments[seq] = ChunkAlignment(
+                seq, turn, str(ev.get("content", "")), float(ev.get("chunk_audio_offset_sec", 0.0)),
+                float(alignment.get("audio_duration", 0.0)), tuple(alignment.get("segments") or ()))
 
     def _on_turn_end(self, ev: dict, now: float) -> None:
         turn = int(ev["turn"])
@@ -365,7 +417,11 @@ class VoiceSession:
             self.timings.pop(self._turn, None)
         self._turn_has_text = False
         self._acks += 1
-        self._last_cancel = Cancelled(last, turns, now, self._acks)
+        word = ev.get("last_word")
+        word = Word(str(word["text"]), float(word["start"]), float(word["end"])) if isinstance(word, dict) else None
+        seconds = ev.get("audio_seconds")
+        self._last_cancel = Cancelled(last, turns, now, self._acks,
+                                      float(seconds) if seconds is not None else None, word)
         self._queue.put_nowait(self._last_cancel)
         self._ack.set()
 
@@ -487,6 +543,7 @@ class Speech:
             s._senders.discard(sender)
             if self.result.turn is not None:
                 self.result.timing = s.timings.get(self.result.turn)
+                self.result.words = s.words(self.result.turn)
 
     async def _send(self) -> None:
         s, text = self._session, self._text
@@ -532,16 +589,30 @@ class _Connect:
 
 def connect(url: str = DEFAULT_URL, *, api_key: str | None = None, request: dict | None = None,
             open_timeout: float = 60.0, read_timeout: float | None = None, model: str | None = None,
-            **request_fields: Any) -> _Connect:
+            timestamps: bool = False, **request_fields: Any) -> _Connect:
     """Open a live session: WebSocket handshake, `start {request}`, wait for `ready`.
+
+    `timestamps`: the `/v1/tts/live/with-timestamp` endpoint (added to a `.../v1/tts/live`
+    url): `SpeechResult.words`, `session.words(turn)`, `session.alignments` and
+    `Cancelled.last_word` are filled.
 
     `request` and `request_fields` are TTSRequest fields (format, sample_rate, reference_id,
     references=[(audio_bytes_or_path, transcript)], latency, chunk_length, temperature,
     top_p, max_new_tokens, seed, ...); fields given as None are left out. The format
     defaults to pcm (s16le mono). `open_timeout` bounds handshake + voice prefill;
     `read_timeout` (None: no limit) bounds each wait for the next server event."""
+    if timestamps:
+        url = timestamp_url(url)
     return _Connect(url, dict(api_key=api_key, request=request, open_timeout=open_timeout,
                               read_timeout=read_timeout, model=model, **request_fields))
+
+
+def timestamp_url(url: str) -> str:
+    """ws://host/v1/tts/live -> ws://host/v1/tts/live/with-timestamp (other urls unchanged)."""
+    base, sep, query = url.partition("?")
+    if base.rstrip("/").endswith("/v1/tts/live"):
+        base = base.rstrip("/") + "/with-timestamp"
+    return base + sep + query
 
 
 async def open_session(url: str, *, api_key: str | None, request: dict | None, open_timeout: float,

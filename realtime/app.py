@@ -1,7 +1,9 @@
 """The Starlette application: its routes, the shared objects and the engine's lifetime.
 
     WS     /v1/tts/live        live TTS (realtime/live.py -> realtime/session.py; messages in realtime/protocol.py)
+    WS     /v1/tts/live/with-timestamp   the same, audio events with word timestamps (realtime/timestamps.py)
     POST   /v1/tts             whole request, audio streamed back (msgpack or JSON body)
+    POST   /v1/tts/stream/with-timestamp   the same as Server-Sent Events with word timestamps
     GET    /v1/health          liveness and model info (503 once the engine failed, or while draining)
     GET    /v1/ready           readiness: 200 while one more conversation fits (realtime/readiness.py)
     GET    /metrics            Prometheus text
@@ -38,7 +40,9 @@ from realtime.voices import VoiceStore
 
 ROUTES = [
     WebSocketRoute("/v1/tts/live", live.live),
+    WebSocketRoute("/v1/tts/live/with-timestamp", live.live_with_timestamp),
     Route("/v1/tts", http_api.tts, methods=["POST"]),
+    Route("/v1/tts/stream/with-timestamp", http_api.tts_stream_with_timestamp, methods=["POST"]),
     Route("/v1/health", http_api.health),
     Route("/v1/ready", http_api.ready),
     Route("/metrics", http_api.metrics),

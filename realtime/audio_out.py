@@ -60,6 +60,8 @@ class _Encoder:
         self._gain = 10.0 ** (volume_db / 20.0)
         self._speed = speed
         self.samples_out = 0  # samples at output_rate handed to the format so far (all files)
+        self.samples_in = 0  # samples at input_rate fed in so far, drain padding included (all files)
+        self._coded_done = 0  # decodable output samples of the files already flushed
         self._start()
 
     def _start(self) -> None:
@@ -75,6 +77,7 @@ class _Encoder:
         x = np.asarray(pcm, dtype=np.float32)
         if x.ndim != 1:
             raise ValueError(f"expected mono PCM of shape [T], got {x.shape}")
+        self.samples_in += x.size
         if self._gain != 1.0:
             x = np.clip(x * self._gain, -1.0, 1.0)
         if self._tempo is not None:
@@ -86,6 +89,7 @@ class _Encoder:
         tail = self._tempo.flush() if self._tempo is not None else _EMPTY
         x = np.concatenate([self._resampler.process(tail), self._resampler.flush()])
         out = self._emit(x) + self._sink.flush()
+        self._coded_done += self._sink.coded
         self._start()  # the next encode() begins a new file
         return out
 
@@ -105,6 +109,18 @@ class _Encoder:
         self.samples_out += x.size
         return self._sink.encode(x)
 
+    @property
+    def coded_samples(self) -> int:
+        """Samples at output_rate that a decoder gives for every byte produced so far (all
+        files): what a client plays, codec delay and padding included (realtime/timestamps.py)."""
+        return self._coded_done + self._sink.coded
+
+    @property
+    def decoder_delay(self) -> int:
+        """Output samples a decoder plays before the first input sample (LAME's delay: the
+        mp3 stream has no LAME header to trim it; Ogg Opus signals its pre-skip)."""
+        return _LAME_DELAY if self.format == "mp3" else 0
+
 
 class AudioEncoder(_Encoder):
     """float32 mono chunks -> bytes of one pcm | wav | opus (Ogg) | mp3 file, streamed.
@@ -118,6 +134,8 @@ class AudioEncoder(_Encoder):
     def __init__(self, fmt: str, output_rate: int, input_rate: int = 44100, mp3_bitrate: int = 128,
                  opus_bitrate: int = 32, speed: float = 1.0, volume_db: float = 0.0) -> None:
         self._held = b""  # output not returned yet: fewer than MIN_CHUNK_BYTES
+        self.released_samples = 0  # coded_samples of the bytes returned so far: what the client has
+        self._returned = False  # bytes of the current file were returned (its header is out)
         super().__init__(fmt, output_rate, input_rate, mp3_bitrate, opus_bitrate, speed, volume_db)
 
     def encode(self, pcm: np.ndarray) -> bytes:
@@ -126,16 +144,33 @@ class AudioEncoder(_Encoder):
             self._held = out
             return b""
         self._held = b""
+        self.released_samples = self.coded_samples
+        self._returned = True
         return out
 
     def drain(self) -> bytes:
         return self._release(super().drain())  # may run encode(): it returns or holds first
 
     def flush(self) -> bytes:
-        return self._release(super().flush())
+        out = self._release(super().flush())
+        self._returned = False  # the next encode() begins a new file
+        return out
+
+    def discard(self) -> bool:
+        """Barge-in: the audio inside is dropped, not sent. Once bytes of the file went out,
+        that is drain() with its output thrown away; before, the file starts over, so that
+        the next audio still carries the file's header (WAV, Ogg). True: it started over."""
+        if self._returned:
+            self.drain()
+            return False
+        self._held = b""
+        self._start()
+        return True
 
     def _release(self, tail: bytes) -> bytes:
         out, self._held = self._held + tail, b""
+        self.released_samples = self.coded_samples
+        self._returned = self._returned or bool(out)
         return out
 
     def _new_sink(self):
@@ -310,7 +345,10 @@ class _Blocker:
 # --- format sinks: encode([T] float at output_rate) -> output chunk; flush() -> last chunk ----
 
 class _PcmSink:
+    coded = 0  # samples written
+
     def encode(self, x: np.ndarray) -> bytes:
+        self.coded += x.size
         return to_pcm16(x)  # s16le mono
 
     def drain_padding(self, incoming: int) -> int:
@@ -334,10 +372,12 @@ class _WavSink:
             b"fmt ", 16, 1, 1, rate, rate * 2, 2, 16,  # PCM, mono, rate, bytes/s, align, bits
             b"data", STREAMING_SIZE,
         )
+        self.coded = 0  # samples written
 
     def encode(self, x: np.ndarray) -> bytes:
         if x.size == 0:
             return b""
+        self.coded += x.size
         out, self._header = self._header + to_pcm16(x), b""
         return out
 
@@ -365,6 +405,7 @@ class _Mp3Sink:
         self._ctx, self._rate = ctx, rate
         self._blocks = _Blocker(ctx.frame_size)  # 1152 samples (MPEG-1) or 576 (MPEG-2)
         self._pts = 0
+        self.coded = 0  # samples a decoder gives for the frames written: frame_size each
 
     def encode(self, x: np.ndarray) -> bytes:
         return b"".join(self._encode(block) for block in self._blocks.push(x))
@@ -379,13 +420,17 @@ class _Mp3Sink:
     def flush(self) -> bytes:
         tail = self._blocks.pending  # libmp3lame accepts a short last frame
         out = self._encode(tail) if tail.size else b""
-        return out + b"".join(bytes(p) for p in self._ctx.encode(None))
+        return out + self._frames(self._ctx.encode(None))
 
     def _encode(self, block: np.ndarray) -> bytes:
         frame = pyav().AudioFrame.from_ndarray(block[None], format="fltp", layout="mono")
         frame.sample_rate, frame.pts = self._rate, self._pts
         self._pts += block.size
-        return b"".join(bytes(p) for p in self._ctx.encode(frame))
+        return self._frames(self._ctx.encode(frame))
+
+    def _frames(self, packets) -> bytes:
+        self.coded += len(packets) * self._blocks.size
+        return b"".join(bytes(p) for p in packets)
 
 
 class _OpusPackets:
@@ -404,9 +449,14 @@ class _OpusPackets:
         self._enc.bitrate = kbps * 1000 if kbps > 0 else OPUS_AUTO
         self.pre_skip = self._enc.lookahead  # encoder delay, samples at 48 kHz
         self._blocks = _Blocker(OPUS_FRAME)
+        self.coded = 0  # samples a decoder gives for the packets made (pre-skip dropped)
+
+    def _count(self, packets: list[bytes]) -> list[bytes]:
+        self.coded = max(0, self.coded + len(packets) * OPUS_FRAME - (self.pre_skip if not self.coded else 0))
+        return packets
 
     def encode(self, x: np.ndarray) -> list[bytes]:
-        return [self._enc.encode_float(block.tobytes(), OPUS_FRAME) for block in self._blocks.push(x)]
+        return self._count([self._enc.encode_float(block.tobytes(), OPUS_FRAME) for block in self._blocks.push(x)])
 
     def drain_padding(self, incoming: int) -> int:
         # the lookahead, then up to a whole 20 ms packet
@@ -428,6 +478,7 @@ class _OggOpusSink:
         self._headers = self._ogg.page([_opus_head(self._opus.pre_skip)], 0, _BOS) + \
             self._ogg.page([_OPUS_TAGS], 0, 0)
         self._samples_in = 0  # real samples at 48 kHz, before padding
+        self.coded = 0  # samples a decoder gives for the pages written (pre-skip and end trimmed)
 
     def encode(self, x: np.ndarray) -> bytes:
         self._samples_in += x.size
@@ -445,7 +496,9 @@ class _OggOpusSink:
         out, self._headers = self._headers, b""  # headers go out with the first audio page
         # the EOS page's granule counts only real samples: the decoder trims the padding
         end = self._opus.pre_skip + self._samples_in if eos else None
-        return out + self._ogg.pages(packets, OPUS_FRAME, end)
+        pages = self._ogg.pages(packets, OPUS_FRAME, end)
+        self.coded = max(0, (end if eos else self._ogg.granule) - self._opus.pre_skip)
+        return out + pages
 
 
 # --- Ogg muxing -----------------------------------------------------------------------------
@@ -493,7 +546,7 @@ class _OggStream:
 
     def __init__(self, serial: int) -> None:
         self._serial, self._seq = serial, 0
-        self._granule = 0  # samples (48 kHz) of every packet written, incl. pre-skip and padding
+        self.granule = 0  # samples (48 kHz) of every packet written, incl. pre-skip and padding
 
     def pages(self, packets: list[bytes], samples_per_packet: int, eos_granule: int | None) -> bytes:
         """Audio pages for `packets`; with eos_granule, the last page ends the stream with
@@ -502,13 +555,13 @@ class _OggStream:
         for p in packets:
             seg = len(p) // 255 + 1
             if n_seg + seg > 255:  # a page holds at most 255 lacing values
-                self._granule += len(group) * samples_per_packet
-                out.append(self.page(group, self._granule, 0))
+                self.granule += len(group) * samples_per_packet
+                out.append(self.page(group, self.granule, 0))
                 group, n_seg = [], 0
             group.append(p)
             n_seg += seg
-        self._granule += len(group) * samples_per_packet
-        last = self._granule if eos_granule is None else eos_granule
+        self.granule += len(group) * samples_per_packet
+        last = self.granule if eos_granule is None else eos_granule
         out.append(self.page(group, last, 0 if eos_granule is None else _EOS))
         return b"".join(out)
 

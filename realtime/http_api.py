@@ -17,7 +17,7 @@ from realtime import protocol as P
 from realtime.audio_out import finalize_wav
 from realtime.auth import authorized
 from realtime.errors import busy_response, draining_response, error_json, error_response, unauthorized_response
-from realtime.oneshot import synthesize
+from realtime.oneshot import synthesize, synthesize_sse
 from realtime.readiness import capacity, not_ready_reason
 from realtime.services import Services
 from realtime.voices import VoiceStoreError, VoiceStoreFull, VoiceStoreUnwritable
@@ -34,6 +34,16 @@ def _authorized(request: Request) -> bool:
 
 
 async def tts(request: Request) -> Response:
+    return await _tts(request, sse=False)
+
+
+async def tts_stream_with_timestamp(request: Request) -> Response:
+    """POST /v1/tts/stream/with-timestamp: the hosted API's Server-Sent Events of audio
+    (base64) and word alignment (realtime/oneshot.py, synthesize_sse); errors as /v1/tts."""
+    return await _tts(request, sse=True)
+
+
+async def _tts(request: Request, sse: bool) -> Response:
     svc = _services(request)
     svc.metrics.http_requests += 1
     if not _authorized(request):
@@ -45,7 +55,7 @@ async def tts(request: Request) -> Response:
         req = P.parse_request(data, svc.config.limits, is_json)
     except P.ProtocolError as e:
         return error_response(e.code, e.message, svc.metrics)
-    chunks = synthesize(svc, req)
+    chunks = synthesize_sse(svc, req) if sse else synthesize(svc, req)
     try:
         first = await chunks.__anext__()
     except P.ProtocolError as e:
@@ -54,8 +64,8 @@ async def tts(request: Request) -> Response:
         return error_response(e.code, e.message, svc.metrics)
     except StopAsyncIteration:
         first = b""
-    media = MEDIA_TYPES[req.format]
-    if request.query_params.get("stream", "true").lower() == "false":
+    media = "text/event-stream" if sse else MEDIA_TYPES[req.format]
+    if not sse and request.query_params.get("stream", "true").lower() == "false":
         body = first + b"".join([c async for c in chunks])
         return Response(finalize_wav(body) if req.format == "wav" else body, media_type=media)
 
@@ -67,7 +77,7 @@ async def tts(request: Request) -> Response:
         except P.ProtocolError:
             return  # headers are sent: the response just ends early
 
-    return StreamingResponse(body(), media_type=media)
+    return StreamingResponse(body(), media_type=media, headers={"Cache-Control": "no-cache"} if sse else None)
 
 
 async def health(request: Request) -> Response:

@@ -15,6 +15,15 @@ from realtime.session import LiveSession
 
 
 async def live(ws: WebSocket) -> None:
+    await _live(ws, timestamps=False)
+
+
+async def live_with_timestamp(ws: WebSocket) -> None:
+    """The same session, each audio event with the alignment (realtime/timestamps.py)."""
+    await _live(ws, timestamps=True)
+
+
+async def _live(ws: WebSocket, timestamps: bool) -> None:
     svc: Services = ws.app.state.services
     m, limit = svc.metrics, svc.config.max_connections
     if not authorized(svc.config, ws.headers, ws.query_params):
@@ -29,7 +38,7 @@ async def live(ws: WebSocket) -> None:
         return
     m.sessions_active += 1  # counted before the first await: no two handshakes take the last place
     m.sessions_total += 1
-    session = LiveSession(ws, svc)
+    session = LiveSession(ws, svc, timestamps)
     try:
         await ws.accept()
         svc.admit(session)
@@ -41,8 +50,8 @@ async def live(ws: WebSocket) -> None:
 
 async def unknown_path(ws: WebSocket) -> None:
     path = ws.url.path[:200]  # the client's own path, echoed back (bounded)
-    await _deny(ws, error_json("not_found", f"no WebSocket endpoint at {path}; the live TTS endpoint is "
-                               "/v1/tts/live", 404))
+    await _deny(ws, error_json("not_found", f"no WebSocket endpoint at {path}; the live TTS endpoints are "
+                               "/v1/tts/live and /v1/tts/live/with-timestamp", 404))
 
 
 async def _deny(ws: WebSocket, response: Response) -> None:

@@ -1,7 +1,9 @@
 """Every message of the live TTS protocol, in one place.
 
 Wire-compatible with the Fish Audio live TTS API: WebSocket `/v1/tts/live`, every frame
-a binary MessagePack map with an `event` key.
+a binary MessagePack map with an `event` key. `/v1/tts/live/with-timestamp` is the same
+session whose audio events also carry the hosted API's word alignment (TIMESTAMP_FIELDS,
+realtime/timestamps.py, realtime/TIMESTAMPS.md).
 
 Client -> server
     start  {request: TTSRequest}   first, once: names the voice and the audio format
@@ -20,9 +22,12 @@ Server -> client
     extensions (Fish clients ignore unknown events):
     ready     {session_id, sample_rate, format, voice_cached, prefill_ms}
     turn_end  {turn, audio_seconds}  all audio of a flushed turn was sent
-    cancelled {turn, turns, next_turn}  after `cancel`: `turns` were dropped (no more of
-                                   their audio follows), `turn` is the highest of them,
-                                   text sent next belongs to `next_turn`
+    cancelled {turn, turns, next_turn, audio_seconds, last_word?}  after `cancel`: `turns`
+                                   were dropped (no more of their audio follows), `turn` is
+                                   the highest of them, text sent next belongs to
+                                   `next_turn`; audio_seconds: their audio sent to the
+                                   client; last_word (timestamp path): {text, start, end,
+                                   turn}, the last word fully sent, or null
     error     {code, message}        always followed by finish {reason: error}
 """
 
@@ -367,6 +372,11 @@ def parse_client_event(frame: bytes, limits: Limits) -> ClientEvent:
 
 def pack(event: dict) -> bytes:
     return msgpack.packb(event, use_bin_type=True)
+
+
+# what /v1/tts/live/with-timestamp adds to each audio event (and each SSE event of
+# POST /v1/tts/stream/with-timestamp); `time` (ms since the connection opened) is WS only
+TIMESTAMP_FIELDS = ("content", "alignment", "chunk_seq", "chunk_audio_offset_sec")
 
 
 def audio_event(audio: bytes, turn: int, seq: int, samples: int, sample_rate: int, gen_ms: float) -> dict:

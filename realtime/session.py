@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections import Counter, deque
+from dataclasses import replace
 from enum import Enum
 
 import numpy as np
@@ -29,6 +30,7 @@ from realtime.errors import concurrency_fields, log_refusal
 from realtime.mailbox import LoopMailbox
 from realtime.segmenter import TextSegmenter
 from realtime.services import Services
+from realtime.timestamps import Alignment
 
 log = logging.getLogger("realtime.session")
 
@@ -59,13 +61,19 @@ class EngineSink:
     def on_segment_end(self, turn: int, reason: str) -> None:
         self._post(self._session.on_segment_end, turn, reason)
 
+    def on_words(self, turn: int, words: list) -> None:  # only for word_timestamps streams
+        self._post(self._session.on_words, turn, words)
+
     def on_error(self, code: str, message: str) -> None:
         self._post(self._session.on_engine_error, code, message)
 
 
 class LiveSession:
-    def __init__(self, ws: WebSocket, services: Services) -> None:
+    def __init__(self, ws: WebSocket, services: Services, timestamps: bool = False) -> None:
         self.ws = ws
+        # /v1/tts/live/with-timestamp: audio events carry the alignment (realtime/timestamps.py)
+        self.timestamps = timestamps
+        self.alignment: Alignment | None = None  # words and audio positions (both paths)
         self.svc = services
         self.limits = services.config.limits
         self.id = uuid.uuid4().hex[:16]
@@ -197,6 +205,8 @@ class LiveSession:
         error = P.error_event(code, message)
         if code is P.ErrorCode.BUSY and not self._draining:  # no capacity: the hosted Fish API's fields too
             error |= concurrency_fields(self.svc.engine.config.max_streams)
+        if self.timestamps:  # the docs' example for this endpoint reads the message from `error`
+            error.setdefault("error", message)
         for event in (error, P.finish_event("error", message)):
             self._enqueue(P.pack(event))
         self._finish()
@@ -271,8 +281,13 @@ class LiveSession:
             raise P.ProtocolError(P.ErrorCode.INVALID_FIELD, str(e)) from None
         self.segmenter = TextSegmenter(req.chunk_length, min(req.min_chunk_length, req.chunk_length), req.latency)
         self.request = req
+        self.alignment = Alignment(self.svc.engine.sample_rate, req.output_rate,
+                                   req.prosody.speed if req.prosody else 1.0, self.encoder.decoder_delay)
+        params = self.svc.stream_params(req)
+        if self.timestamps:
+            params = replace(params, word_timestamps=True)
         try:
-            self.handle = self.svc.engine.open(voice, self.svc.stream_params(req), EngineSink(self, self.svc.mailbox()))
+            self.handle = self.svc.engine.open(voice, params, EngineSink(self, self.svc.mailbox()))
         except Refused as e:
             raise P.ProtocolError(P.ErrorCode.BUSY, f"server busy: {e}") from None
         except EngineFailed as e:
@@ -289,6 +304,8 @@ class LiveSession:
     def _say(self, segments: list[str]) -> None:
         for segment in segments:
             self.svc.engine.say(self.handle, self.turn, segment)
+            if self.timestamps:
+                self.alignment.segment(self.turn, segment)
             self.sent[self.turn] += 1
             self.pending_chars += len(segment)
             self._segment_chars.append(len(segment))
@@ -314,10 +331,30 @@ class LiveSession:
         self._no_audio_yet.difference_update(dropped)
         self.pending_chars = 0
         self._segment_chars.clear()
-        self.encoder.drain()  # audio of the dropped turns still inside the encoder: discarded
+        heard = self._heard(dropped)  # before the audio still in the encoder is dropped
+        pos = self.encoder.samples_in
+        if self.encoder.discard():  # audio of the dropped turns still inside the encoder: discarded
+            self.alignment.restart(self.encoder.samples_in, self._encoder_seconds())
+        else:
+            self.alignment.drop_unsent(self._encoder_seconds(), pos)
         if current_has_text:
             self.turn += 1
-        self._send(P.cancelled_event(sorted(dropped), self.turn))
+        self._send(P.cancelled_event(sorted(dropped), self.turn) | heard)
+
+    def _heard(self, dropped: list[int]) -> dict:
+        """What the client was sent of the dropped turns: `audio_seconds`; with timestamps,
+        `last_word`, the last word whose audio it has, and their final snapshots."""
+        a = self.alignment
+        a.set_released(self._encoder_seconds())
+        heard = {"audio_seconds": round(a.seconds_since(dropped), 4)}
+        if not self.timestamps:
+            return heard
+        words = [(t, w) for t in sorted(dropped) for w in a.turn_words(t)]
+        heard["last_word"] = None if not words else words[-1][1].as_dict() | {"turn": words[-1][0]}
+        for t in dropped:
+            a.end_turn(t, cancelled=True)
+        self._send_snapshots()
+        return heard
 
     # --- engine events (on the loop) ---------------------------------------------------------
 
@@ -334,6 +371,7 @@ class LiveSession:
     def on_audio(self, turn: int, pcm: np.ndarray) -> None:
         if self._closing or turn in self.cancelled:
             return
+        self.alignment.audio(turn, len(pcm), self.encoder.samples_in)
         data = self.encoder.encode(pcm)
         self.turn_audio[turn] += len(pcm)
         self.svc.metrics.audio_seconds += len(pcm) / self.svc.engine.sample_rate
@@ -347,7 +385,15 @@ class LiveSession:
         samples = self.encoder.samples_out - self._samples_sent  # audio in this chunk
         self._samples_sent = self.encoder.samples_out
         gen_ms = 0.0 if tail else (now - started) * 1000
-        self._send(P.audio_event(data, turn, self.seq, samples, self.request.output_rate, gen_ms))
+        event = P.audio_event(data, turn, self.seq, samples, self.request.output_rate, gen_ms)
+        if self.timestamps:
+            self.alignment.set_released(self._encoder_seconds())
+            snapshots = self.alignment.take()
+            event |= snapshots[0][1]
+            self._send(event | {"time": round((now - self.opened_at) * 1000, 1)})
+            self._send_snapshots(snapshots[1:])
+        else:
+            self._send(event)
         if turn in self._no_audio_yet and not self._closing:
             # TTFA as DESIGN.md and latency_bench define it: the turn's flush to its first
             # non-empty audio event; a flush sent before `ready` counts from `ready` (the
@@ -355,11 +401,31 @@ class LiveSession:
             self._no_audio_yet.discard(turn)
             self.svc.metrics.ttfa.observe(now - max(started, self.ready_at or started))
 
+    def on_words(self, turn: int, words: list) -> None:
+        if not self._closing and turn not in self.cancelled:
+            self.alignment.words(turn, words)
+
+    def _encoder_seconds(self) -> float:
+        return self.encoder.released_samples / self.request.output_rate
+
+    def _send_snapshots(self, snapshots: list | None = None) -> None:
+        """Snapshots no audio event carries, each in an audio event with empty audio (the
+        docs' trailing correction): a chunk's final words, a turn's end."""
+        if snapshots is None:
+            self.alignment.set_released(self._encoder_seconds())
+            snapshots = self.alignment.take(repeat=False)
+        now = time.perf_counter()
+        for turn, fields in snapshots:
+            self.seq += 1
+            event = P.audio_event(b"", turn, self.seq, 0, self.request.output_rate, 0.0) | fields
+            self._send(event | {"time": round((now - self.opened_at) * 1000, 1)})
+
     def on_segment_end(self, turn: int, reason: str) -> None:
         if self._closing:
             return
         self.done[turn] += 1
         if turn not in self.cancelled:
+            self.alignment.segment_end(turn)
             # segments of a stream finish in the order they were handed over
             self.pending_chars -= self._segment_chars.popleft() if self._segment_chars else 0
             self._maybe_end_turn(turn)
@@ -384,6 +450,9 @@ class LiveSession:
             # lookahead, the resampler's filter): push them out before saying it ended
             if tail := self.encoder.drain():
                 self._send_audio(tail, turn, tail=True)
+            if self.timestamps:
+                self.alignment.end_turn(turn)
+                self._send_snapshots()
             self._send(P.turn_end_event(turn, self.turn_audio[turn] / self.svc.engine.sample_rate))
 
     def _maybe_finish(self) -> None:
@@ -392,5 +461,8 @@ class LiveSession:
         tail = self.encoder.flush()
         if tail:
             self._send_audio(tail, self.turn - 1, tail=True)
+        if self.timestamps:  # the encoder's tail is the last turn's audio
+            self.alignment.close()
+            self._send_snapshots()
         self._send(P.finish_event("stop", DRAINING if self._draining else None))
         self._finish()

@@ -1,8 +1,10 @@
-// The demo page: one live TTS connection (WebSocket /v1/tts/live, binary MessagePack),
-// text sent word by word as it is typed, audio played as it arrives.
+// The demo page: one live TTS connection (WebSocket /v1/tts/live, or with word timestamps
+// /v1/tts/live/with-timestamp; binary MessagePack), text sent word by word as it is typed,
+// audio played as it arrives, the word being heard highlighted (captions.js).
 //
 // window.demoStats is a small, stable test hook (see tests/test_browser_demo.py).
 
+import { Captions } from "./captions.js";
 import { decode, encode } from "./msgpack.js";
 import { OggOpusDecoder, opusDecodingSupported } from "./ogg_opus.js";
 import { pcm16ToFloat, Player } from "./player.js";
@@ -38,6 +40,14 @@ function freshStats(keep = {}) {
     turnEnds: [], // `turn_end` events: their turn
     errors: [], // {code, message}: `error` events and failures of this page
     finish: null, closeCode: null,
+    timestamps: null, // the connection uses /v1/tts/live/with-timestamp
+    alignments: 0, // audio events with an alignment snapshot
+    words: [], // {text, start, end}: the words so far, on the server's audio timeline (s)
+    highlighted: null, // the word highlighted now
+    highlights: [], // every word highlighted: {i, text, at (timeline s), ctx (AudioContext s)}
+    bufferedMs: 0, // audio scheduled, not yet played
+    firstPlayCtx: null, // AudioContext time the first audio piece was scheduled at
+    lastCancel: null, // the last `cancelled` event: {audio_seconds, last_word}
     ...keep,
   };
 }
@@ -47,6 +57,7 @@ let ctx = null; // one AudioContext for the page
 let player = null;
 let conn = null; // the current connection (see connect())
 const timeline = new Timeline($("timeline"));
+const captions = new Captions($("caption"));
 
 // --- small UI helpers -------------------------------------------------------------------
 
@@ -190,6 +201,7 @@ function connect() {
   ensureAudio();
   player.stop();
   timeline.clear();
+  captions.clear();
   $("turns").replaceChildren();
   stats = window.demoStats = freshStats({ opusSupported: stats.opusSupported });
   const c = {
@@ -199,6 +211,7 @@ function connect() {
     turn: 1, turnHasText: false, turns: new Map(),
     dropping: false, epoch: 0, cancelledTurns: new Set(), turnAtCancel: 0,
     carry: null, opus: null,
+    tl: 0, // seconds of audio received so far: the server's timeline (played or dropped)
   };
   conn = c;
   setState("connecting");
@@ -232,7 +245,9 @@ async function open(c) {
       onError: (message) => { if (c === conn) showError(message); },
     });
   }
-  const ws = new WebSocket(apiUrl("v1/tts/live", location.protocol === "https:" ? "wss:" : "ws:"));
+  stats.timestamps = $("timestamps").checked;
+  const path = stats.timestamps ? "v1/tts/live/with-timestamp" : "v1/tts/live";
+  const ws = new WebSocket(apiUrl(path, location.protocol === "https:" ? "wss:" : "ws:"));
   ws.binaryType = "arraybuffer";
   c.ws = ws;
   ws.onopen = () => {
@@ -387,8 +402,14 @@ function onMessage(c, m) {
 
 function onAudio(c, m) {
   const now = performance.now();
-  stats.chunks++;
   const bytes = m.audio instanceof Uint8Array ? m.audio : new Uint8Array(0);
+  if (typeof m.chunk_seq === "number") {
+    if (m.alignment) stats.alignments++;
+    captions.onAudioEvent(m);
+    stats.words = captions.words;
+  }
+  if (!bytes.length) return; // an alignment only (the docs' trailing correction)
+  stats.chunks++;
   stats.receivedBytes += bytes.length;
   if (typeof m.samples === "number") stats.serverSamples += m.samples;
   const turn = m.turn ?? c.turn;
@@ -402,7 +423,10 @@ function onAudio(c, m) {
     stats.oggErrors = c.opus.demux.errors;
   }
   if (dropped) {
-    if (c.format !== "opus") stats.droppedChunks++;
+    if (c.format !== "opus") {
+      stats.droppedChunks++;
+      c.tl += (bytes.length >> 1) / tag.rate; // sent, so on the server's timeline, but not played
+    }
     timeline.addChunk({ arrival: now, start: now, end: now, gapMs: 0, turn, dropped: true });
     return;
   }
@@ -429,23 +453,30 @@ function onAudio(c, m) {
       c.carry = null;
     }
     if (data.length & 1) { c.carry = data.slice(-1); data = data.subarray(0, data.length - 1); }
-    play(c, pcm16ToFloat(data), tag);
+    const samples = pcm16ToFloat(data);
+    tag.tl = c.tl;
+    c.tl += samples.length / tag.rate;
+    play(c, samples, tag);
   }
 }
 
 function onDecoded(c, samples, tag) {
   if (c !== conn) return;
   stats.decodedPackets = c.opus.packetsOut;
+  const tl = c.tl;
+  c.tl += samples.length / 48000;
   if (tag.dropped || tag.epoch !== c.epoch || c.cancelledTurns.has(tag.turn)) {
     stats.droppedChunks++;
     return;
   }
-  play(c, samples, { ...tag, rate: 48000 });
+  play(c, samples, { ...tag, rate: 48000, tl });
 }
 
 function play(c, samples, tag) {
   stats.receivedSamples += samples.length;
   const res = player.schedule(samples, tag.rate, tag.turn);
+  captions.map(tag.tl, res.start, samples.length / tag.rate);
+  if (stats.firstPlayCtx === null) stats.firstPlayCtx = res.start;
   stats.scheduledSamples = player.scheduledSamples;
   stats.underruns = player.underruns;
   stats.underrunMs = round(player.underrunMs);
@@ -473,6 +504,8 @@ function onCancelled(c, m) {
     if (r) { r.state = "cancelled"; renderTurn(r); }
   }
   stats.cancelled.push(m.turn);
+  stats.lastCancel = { audio_seconds: m.audio_seconds ?? null, last_word: m.last_word ?? null };
+  if (m.last_word) log(`heard until "${m.last_word.text}" (${m.audio_seconds} s of audio sent)`);
   log(`cancelled (turn ${m.turn}${turns.length ? `; turns ${turns.join(", ")}` : ""})`);
   if (!c.dropping) return;
   c.dropping = false;
@@ -536,6 +569,7 @@ function speakAll() {
 
 function stopTalking() {
   player?.stop(); // silence at once; late audio of the cancelled turns is dropped
+  captions.stopPlayback();
   timeline.cutAt(performance.now());
   stats.activeSources = 0;
   $("composer").value = "";
@@ -569,6 +603,14 @@ function renderTurn(r) {
   r.row.replaceChildren(...cells.map((v) => { const td = document.createElement("td"); td.textContent = v; return td; }));
   r.row.cells[1].title = r.text;
 }
+
+setInterval(() => { // the caption follows the playback clock
+  if (!ctx) return;
+  captions.tick(ctx.currentTime);
+  stats.highlighted = captions.current >= 0 ? captions.words[captions.current].text : null;
+  stats.highlights = captions.log;
+  stats.bufferedMs = player ? Math.round(player.bufferedSeconds * 1000) : 0; // 0: all played
+}, 20);
 
 setInterval(() => {
   if (!player) return;
