@@ -147,7 +147,7 @@ class DeviceState:
         probe = None
         if align_out is not None and self.align_by_module is not None:
             probe = AlignProbe(self.align_by_module, idx, self.text_spans, self.kv.page_table, align_out,
-                               kernel=plan.attention, pdl=plan.pdl)
+                               kernel=plan.text_attention, pdl=plan.pdl)
         tokens = self.tokens[idx]
         windows = self.windows[idx]
         push_window(windows, tokens[:, 1:])  # the input frame joins the window before sampling

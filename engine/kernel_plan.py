@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling import MAX_TOP_K
-from kernels import add_rms_norm, fast_attention, gemv, pdl, qk_rope_kv, sample, swiglu
+from kernels import add_rms_norm, fast_attention, gemv, pdl, qk_rope_kv, sample, swiglu, text_attention
 
 log = logging.getLogger("engine")
 
@@ -37,6 +37,7 @@ class KernelPlan:
     fp8: bool = False  # FP8 linear layers through the Triton GEMMs (else their references)
     blocked_prefill: bool = False  # prefill attention 16 positions a program (kernels/prefill_attention.py)
     pdl: bool = False  # launch with programmatic dependent launch (Hopper; per decode graph)
+    text_attention: bool = False  # the word-timestamp readout through kernels/text_attention.py
 
     def takes_gemv(self, x: torch.Tensor) -> bool:
         """Whether x (one row of K) goes through the GEMV."""
@@ -75,8 +76,12 @@ def build_plan(model, device: torch.device, dtype: torch.dtype, kv_quant: str = 
         "gemv": lambda: gemv.self_check(device, dtype, gemv_shapes(model), max_rows=GEMV_MAX_ROWS,
                                         logits_shapes=head_shapes(model)),
         "pdl": lambda: pdl.supported(device) or pdl.self_check(device),
+        # the readout's whole span (engine/alignment.py ALIGN_TOKENS), in the smallest pages
+        "text_attention": lambda: text_attention.self_check(device, dtype, c.n_head, c.n_local_heads, c.head_dim,
+                                                            page=16, tokens=256),
     }
-    wanted = {"fused_qkv": True, "step": True, "gemv": gemv_on and not fp8_weights, "pdl": pdl_on}
+    wanted = {"fused_qkv": True, "step": True, "gemv": gemv_on and not fp8_weights, "pdl": pdl_on,
+              "text_attention": kv_quant != "fp8"}  # an FP8 cache's readout is the reference's
     on = {}
     for name, check in checks.items():
         why = check() if wanted[name] else "not asked for"
@@ -84,7 +89,7 @@ def build_plan(model, device: torch.device, dtype: torch.dtype, kv_quant: str = 
             log.warning("%s kernels off (PyTorch path instead): %s", name, why)
         on[name] = why is None
     return KernelPlan(attention=True, fused_qkv=on["fused_qkv"], step=on["step"], gemv=on["gemv"], fp8=fp8_weights,
-                      blocked_prefill=kv_quant != "fp8", pdl=on["pdl"])
+                      blocked_prefill=kv_quant != "fp8", pdl=on["pdl"], text_attention=on["text_attention"])
 
 
 def gemv_shapes(model) -> list[tuple[int, int]]:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from kernels.kv_fp8 import load_form
 from kernels.pdl import launch_args, pdl_wait
+from kernels.selfcheck import mismatch
 
 BLOCK_T = 64
 
@@ -119,3 +120,24 @@ def text_attention_reference(q: Tensor, k_cache: Tensor, page_table: Tensor, slo
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     # a row without text: all -inf, whose softmax is NaN; zeros instead
     return torch.where(valid[:, None, :], scores.softmax(-1), 0.0)
+
+
+def self_check(device: torch.device | str, dtype: torch.dtype, n_head: int, n_kv_heads: int, head_dim: int,
+               page: int, tokens: int) -> str | None:
+    """Compile and run once at the model's attention shape (every head selected, spans that
+    cross pages, are cut at `tokens`, or are empty) against the reference: None if they
+    agree, else why not (the caller keeps the PyTorch readout)."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        rows, pages = 3, -(-(tokens + 2 * page) // page)
+        q = torch.randn(rows, n_head, head_dim, generator=g).to(device, dtype)
+        k_cache = (3 * torch.randn(1 + rows * pages, page, n_kv_heads, head_dim, generator=g)).to(device, dtype)
+        table = (1 + torch.randperm(rows * pages, generator=g)).view(rows, pages).to(device, torch.int32)
+        slots = torch.tensor([2, 0, 1], device=device)
+        spans = torch.tensor([[page - 3, tokens + 5], [1, 0], [page + 1, tokens // 2 + 1]], device=device)
+        heads = torch.arange(n_head, device=device)
+        got = text_attention(q, k_cache, table, slots, spans, heads, tokens)
+        want = text_attention_reference(q, k_cache, table, slots, spans, heads, tokens)
+        return mismatch("text_attention", got, want, dtype)
+    except Exception as e:  # a compile failure included
+        return f"text_attention: {type(e).__name__}: {e}"

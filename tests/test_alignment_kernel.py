@@ -75,7 +75,7 @@ def test_the_decode_step_reads_the_same_through_the_kernels_and_the_references()
     c = bundle.config
     heads = AlignHeads(((0, 1), (c.n_layer - 1, 0), (c.n_layer - 1, c.n_head - 1)), "test")
     out = {}
-    for name, plan in (("kernels", KernelPlan(attention=True)), ("reference", REFERENCE)):
+    for name, plan in (("kernels", KernelPlan(attention=True, text_attention=True)), ("reference", REFERENCE)):
         runner = Runner(bundle, 4, 256, plan, align_heads=heads, cuda_graphs=False)
         slots = prepare_batch(runner, 3, 120, 0, True)
         runner.state.text_spans[torch.tensor(slots)] = torch.tensor([[10, 40], [0, 0], [50, 64]], device=DEVICE)
@@ -98,7 +98,7 @@ def step_launches(kernels: bool, heads, batch: int = 2, context: int = 40):
     from engine.runner import Runner
     from latency_bench.launch_count import _counting_triton_launchers, count_launches, narrow_bundle
 
-    plan = KernelPlan(attention=kernels, fused_qkv=kernels, step=kernels)
+    plan = KernelPlan(attention=kernels, fused_qkv=kernels, step=kernels, text_attention=kernels)
     runner = Runner(narrow_bundle("s2-pro"), max_running=batch, max_len=context + 64, plan=plan, cuda_graphs=False,
                     align_heads=heads)
     runner.decoder.batch_slots[:batch] = torch.arange(batch)
@@ -139,3 +139,18 @@ def test_the_readout_adds_two_launches_a_layer_and_no_host_sync():
     assert on["triton text_attention"] == 1 and on["aten.sum.IntList_out"] == off["aten.sum.IntList_out"] + 1
     ref_on, ref_off = step_launches(False, heads), step_launches(False, None)
     assert syncs(ref_on) == 0 and 0 < launches(ref_on) - launches(ref_off) <= 30, (ref_on - ref_off)
+
+
+def test_self_check_passes_at_the_s2_pro_shape():
+    """What the engine's kernel plan runs at start-up before the readout goes through the
+    kernel (engine/kernel_plan.py): s2-pro's 32 query heads over 8 KV heads of 128."""
+    from kernels.text_attention import self_check
+
+    assert self_check(DEVICE, torch.bfloat16, 32, 8, 128, page=16, tokens=256) is None
+
+
+def test_self_check_reports_a_kernel_that_disagrees(monkeypatch):
+    import kernels.text_attention as ta
+
+    monkeypatch.setattr(ta, "text_attention", lambda *a, **k: ta.text_attention_reference(*a[:7]) * 0.5)
+    assert "differs" in ta.self_check(DEVICE, torch.float32, 4, 2, 32, page=16, tokens=64)
