@@ -664,7 +664,9 @@ class Engine:
     def _read_step(self, handle, batch: list[Stream], segments: list[Segment]) -> None:
         self.decode_phases.to("wait")  # for the GPU to finish the step
         frames = self.runner.read(handle)
-        readout = self.runner.read_alignment(handle)  # [batch, T], or None
+        # [batch, T], read only when a stream of the batch aligns its words on the host
+        aligning = any(stream.owner.clock is not None for stream in batch)
+        readout = self.runner.read_alignment(handle) if aligning else None
         self.decode_phases.to("emit")  # the frames to the scheduler and the codec's queue
         emitted = []
         with self._lock:

@@ -87,6 +87,14 @@ fi
 bench=(--model "$MODEL" --device "$DEVICE" --max-new-tokens 200 --fixed-frames --synthetic-reference 7 --turns 3
        --think 0.3 --server-arg=--max-len=1536)
 
+# base_tree: $BASE_TREE's absolute path, with this tree's default voice copied in (the base
+# tree is carried without its 38 MB of assets)
+base_tree() {
+    local base; base=$(cd "$BASE_TREE" && pwd) || return 2
+    [ -d "$base/engine/assets" ] || cp -r engine/assets "$base/engine/"
+    echo "$base"
+}
+
 need_service_packages() {
     python3 -c "import starlette, uvicorn, websockets" 2>/dev/null && return 0
     echo "the service's packages are missing: carry .whl/serve (README, \"Measuring\")"; exit 2
@@ -137,10 +145,8 @@ part_load() {
     local name=load ref=load.json levels=${LEVELS:-1,16,64} naive=${NAIVE:-1}
     [ "$QUANT" = fp8 ] && { name=load-fp8; ref=load-fp8.json; }
     if [ -n "${BASE_TREE:-}" ]; then
-        local base; base=$(cd "$BASE_TREE" && pwd) || exit 2
+        local base; base=$(base_tree) || exit 2
         naive=${NAIVE:-0}
-        # the base tree carried without the default voice's 38 MB: this tree's assets
-        [ -d "$base/engine/assets" ] || cp -r engine/assets "$base/engine/"
         bench_load "$base" "base-$name" "$QUANT" "$levels" "${LOAD_S:-280}" && gate "base-$name" "$ref"
     fi
     bench_load "$PWD" "$name" "$QUANT" "$levels" "${LOAD_S:-300}" && gate "$name" "$ref"
@@ -185,8 +191,7 @@ bench_conv() {
 part_conversations() {
     need_service_packages
     if [ -n "${BASE_TREE:-}" ]; then
-        local base; base=$(cd "$BASE_TREE" && pwd) || exit 2
-        [ -d "$base/engine/assets" ] || cp -r engine/assets "$base/engine/"
+        local base; base=$(base_tree) || exit 2
         bench_conv "$base" base-conversations "${CONV_S:-270}" "${CONV_DURATION:-30}"
         bench_conv "$PWD" conversations "${CONV_S:-270}" "${CONV_DURATION:-30}"
     else
@@ -213,8 +218,7 @@ bench_burst() {
 part_burst() {
     need_service_packages
     if [ -n "${BASE_TREE:-}" ]; then
-        local base; base=$(cd "$BASE_TREE" && pwd) || exit 2
-        [ -d "$base/engine/assets" ] || cp -r engine/assets "$base/engine/"
+        local base; base=$(base_tree) || exit 2
         bench_burst "$base" base-burst
     fi
     bench_burst "$PWD" burst

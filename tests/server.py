@@ -7,12 +7,18 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 from engine.bundle import load_bundle
@@ -81,3 +87,43 @@ def running_server(tmp_path: Path, model: str = "tiny", engine: EngineConfig | N
     finally:
         uv.should_exit = True
         thread.join(timeout=20)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def service_process(tmp_path: Path, *args: str, preexec_fn=None):
+    """`python -m realtime` (tiny, CPU) as its own process, its log in tmp_path/service.log,
+    healthy before it is yielded: (process, port). Killed at the end if still running."""
+    port = free_port()
+    log = open(tmp_path / "service.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realtime", "--model", "tiny", "--device", "cpu", "--port", str(port), "--no-demo",
+         "--voices-dir", str(tmp_path / "voices"), *args],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "service.log").read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def kill_launched(launcher: subprocess.Popen, output: str) -> None:
+    """A `python -m realtime.replicas` run's launcher and every replica its output named
+    ("replica N: pid P"), killed: nothing outlives a test."""
+    if launcher.poll() is None:
+        launcher.kill()
+    for pid in re.findall(r"^replica \d+: pid (\d+)", output, re.M):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)

@@ -7,49 +7,18 @@ exits 0. Past --drain-timeout a turn is cut and still ends with `finish`."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import msgpack
 import pytest
 import websockets
 
-from server import free_port
+from server import service_process
 
-ROOT = Path(__file__).resolve().parent.parent
 HOP = 2048
 LONG = 400  # frames: a turn of several seconds for the tiny model on a CPU (~60 frames/s per stream with 3)
-
-
-@contextlib.contextmanager
-def service(tmp_path: Path, *args: str):
-    """The service as its own process (its log in tmp_path/service.log): (process, port)."""
-    port = free_port()
-    log = open(tmp_path / "service.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime", "--model", "tiny", "--device", "cpu", "--port", str(port), "--no-demo",
-         "--voices-dir", str(tmp_path / "voices"), *args],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "service.log").read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code == 200:
-                    break
-            time.sleep(0.2)
-        yield proc, port
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 async def open_turn(url: str, frames: int):
@@ -76,7 +45,7 @@ def audio_bytes(events) -> int:
 
 
 def test_sigterm_finishes_the_turns_in_flight_refuses_new_ones_and_exits_0(tmp_path):
-    with service(tmp_path) as (proc, port):
+    with service_process(tmp_path) as (proc, port):
         url, http_url = f"ws://127.0.0.1:{port}/v1/tts/live", f"http://127.0.0.1:{port}"
         tts = {"text": "An HTTP request in flight.", "format": "pcm", "max_new_tokens": LONG, "ignore_end": True}
 
@@ -117,7 +86,7 @@ def test_sigterm_finishes_the_turns_in_flight_refuses_new_ones_and_exits_0(tmp_p
 
 
 def test_a_turn_longer_than_the_drain_timeout_is_cut_and_still_finished(tmp_path):
-    with service(tmp_path, "--drain-timeout", "1") as (proc, port):
+    with service_process(tmp_path, "--drain-timeout", "1") as (proc, port):
         url = f"ws://127.0.0.1:{port}/v1/tts/live"
 
         async def main():

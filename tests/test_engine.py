@@ -57,7 +57,7 @@ class Recorder:
         self.done.set()
 
 
-def tap_frames(engine):
+def tap_frames(engine: Engine) -> Engine:
     """Record each stream's code frames on their way to the codec (a spy on the real worker)."""
     forward = engine.codec.frames
 
@@ -67,6 +67,7 @@ def tap_frames(engine):
         forward(items)
 
     engine.codec.frames = frames
+    return engine
 
 
 def alone(bundle, text, n):

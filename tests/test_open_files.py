@@ -4,21 +4,15 @@ the 1,024 connections it admits by default), it still holds 600 connections at o
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import resource
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import websockets
 
-from server import free_port
+from server import service_process
 
-ROOT = Path(__file__).resolve().parent.parent
 CONNECTIONS = 600
 
 
@@ -43,21 +37,7 @@ def test_service_raises_its_open_file_limit_to_hold_its_connections(tmp_path):
         pytest.skip(f"hard limit on open files {hard} is too low for this test")
     if soft < 2 * CONNECTIONS:  # this process holds the clients' ends
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard) if hard != resource.RLIM_INFINITY else 4096, hard))
-    port = free_port()
-    log = open(tmp_path / "service.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "realtime", "--model", "tiny", "--device", "cpu", "--port", str(port), "--no-demo",
-         "--voices-dir", str(tmp_path / "voices")],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
-        preexec_fn=low_soft_limit)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "service.log").read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code == 200:
-                    break
-            time.sleep(0.2)
+    with service_process(tmp_path, preexec_fn=low_soft_limit) as (proc, port):
         limits = Path(f"/proc/{proc.pid}/limits").read_text()
         line = next(l for l in limits.splitlines() if l.startswith("Max open files"))
         assert int(line.split()[3]) >= 1024 + 256, line
@@ -65,7 +45,3 @@ def test_service_raises_its_open_file_limit_to_hold_its_connections(tmp_path):
         assert opened == CONNECTIONS
         assert httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code == 200
         assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
-        log.close()

@@ -27,7 +27,7 @@ import msgpack
 import pytest
 import websockets
 
-from server import free_port
+from server import free_port, kill_launched
 
 ROOT = Path(__file__).resolve().parent.parent
 HOP = 2048  # samples per frame of the tiny model's codec: a frame is 2 * HOP bytes of PCM
@@ -90,13 +90,7 @@ def fleet(tmp_path_factory):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in re.findall(r"^replica \d+: pid (\d+)", "".join(lines), re.M):  # nothing outlives the test
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_launched(proc, "".join(lines))
 
 
 async def started(url: str, **request):

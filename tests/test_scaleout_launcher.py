@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from realtime.replicas import parse, pin_gpu, plan, replica_command
-from server import free_port
+from server import free_port, kill_launched
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,13 +47,7 @@ def test_without_a_balancer_the_replicas_serve_on_consecutive_ports_and_drain_on
         for _, pid, _, _ in found:  # every replica drained and exited
             assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in re.findall(r"^replica \d: pid (\d+)", "".join(lines), re.M):  # nothing outlives the test
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_launched(proc, "".join(lines))
 
 
 def test_one_replica_per_visible_gpu_each_pinned_to_its_own(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from engine.bundle import load_bundle
 from engine.engine import BenchSettings, Engine, EngineConfig, StreamParams
 from engine.sampling import SamplingParams
 from engine.voice import VoiceInput
+from test_engine import tap_frames as tap
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -33,19 +34,6 @@ def engine(bundle):
     engine = tap(Engine(bundle, EngineConfig(max_running=4, max_queued=4, max_len=1536)).start())
     yield engine
     engine.stop()
-
-
-def tap(engine: Engine) -> Engine:
-    """A spy on the real codec worker: each stream's code frames, in its sink."""
-    forward = engine.codec.frames
-
-    def frames(items):
-        for owner, _, _, codes in items:
-            owner.sink.frames.append(np.array(codes))
-        forward(items)
-
-    engine.codec.frames = frames
-    return engine
 
 
 class Sink:
